@@ -526,6 +526,34 @@ def test_plan_emit_writes_the_files_of_its_best_row(tmp_path: Path, capsys) -> N
     assert f"micro-batch {run.request.batch.micro_batch_size} x {run.request.batch.grad_accum_steps} accumulation" in best_line
 
 
+def test_plan_emit_runs_what_the_search_planned_of_a_torchtune_configuration(tmp_path: Path, capsys) -> None:
+    """torchtune's llama3_1/8B_full_single_device steps a paged AdamW8bit in backward, which
+    refuses the accumulation the search varies: the search plans both off, says so, and the
+    emitted run names them off (before, --emit re-planned the configuration's in-backward step
+    at the best row's accumulation and was refused after the table had printed)."""
+    assert main(["plan", "llama-3.1-8b", "--gpus", "1", "--gpu", "a100-80gb", "--global-batch", "8",
+                 "--framework", "torchtune", "--emit", str(tmp_path / "run")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("note: planned as torchtune's llama3_1/8B_full_single_device config, with its adam-8bit optimizer; its "
+            "optimizer in backward, paged optimizer planned off") in out
+    overrides = (tmp_path / "run" / "torchtune-overrides.txt").read_text().splitlines()
+    assert "optimizer_in_bwd=False" in overrides and "optimizer=bitsandbytes.optim.AdamW8bit" in overrides
+    readme = (tmp_path / "run" / "README.md").read_text()
+    line = next(l for l in readme.splitlines() if l.startswith("zeroplan validate --from-log"))
+    assert "--no-optimizer-in-backward" in line and "--no-paged-optimizer" in line
+
+
+def test_plan_searches_the_cpu_offload_of_a_torchtune_configuration(capsys) -> None:
+    """torchtune's strategies are all FSDP, so its llama3_1/70B_full configuration's CPU offload
+    applies to every row searched: planned on as fit plans it (held off, nothing fitted on 8 x
+    80 GB where fit's recommendation fits)."""
+    assert main(["plan", "llama-3.1-70b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16",
+                 "--framework", "torchtune"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Best: fsdp-full-shard")
+    assert "note: planned as torchtune's llama3_1/70B_full config, with its FSDP CPU offload" in " ".join(out.split())
+
+
 def test_fit_emit_needs_one_strategy_and_refuses_special_files(tmp_path: Path, capsys) -> None:
     assert main(["fit", "llama-3.1-8b", "--strategies", "zero2,zero3", "--emit", str(tmp_path)]) == 2
     assert "--emit: writes the files of one strategy" in capsys.readouterr().err

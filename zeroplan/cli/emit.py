@@ -135,14 +135,14 @@ def emit_fit(args: argparse.Namespace) -> int:
     return _write(planned, args.emit)
 
 
-PLAN_ONLY = {"global_batch", "max_tp", "no_model_parallel", "top", "search_result", "run"}
+PLAN_ONLY = {"global_batch", "max_tp", "no_model_parallel", "top", "search_result", "search_held_off", "run"}
 
 
 def emit_plan(args: argparse.Namespace, result) -> int:
     """plan --emit: the best configuration of the search, as fit flags, written into args.emit."""
     import shlex
 
-    from zeroplan.cli.plan import add_plan_arguments
+    from zeroplan.cli.plan import SEARCH_HELD_OFF, add_plan_arguments
 
     best = result.best
     if best is None:
@@ -155,6 +155,9 @@ def emit_plan(args: argparse.Namespace, result) -> int:
         pp_schedule=best.pp_schedule.value if best.pp > 1 else None,
         virtual_stages=best.virtual_stages if best.pp > 1 else None,
         hsdp_group=best.shard_group_size if best.strategy.value == "hsdp" else None,
+        # What the search planned off where the framework's configuration sets it on
+        # (zeroplan.cli.plan.SEARCH_HELD_OFF), named off so the run is the row planned.
+        **{field: SEARCH_HELD_OFF[field] for field in getattr(args, "search_held_off", ())},
     )
     flags = flags_of(_fit_parser(), values)
     command = "zeroplan plan " + shlex.join(flags_of(_parser(add_plan_arguments), vars(args)))

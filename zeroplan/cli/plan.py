@@ -8,7 +8,9 @@ import sys
 from zeroplan.cli.finetune_args import add_finetune_arguments
 from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, option_groups, positive_int
 from zeroplan.core.search_space import LONG_SEQUENCE, SEARCHED_SCHEDULES
-from zeroplan.specs import Framework
+from zeroplan.specs import Framework, PlanRequest
+from zeroplan.specs.recipe_defaults import (SETTING_WORDS, planned_recipe_settings, recipe_launch_settings,
+                                             setting_words)
 from zeroplan.specs.strategy import OPT_IN_STRATEGIES
 
 _LAYOUT_FLAGS = ("tp", "pp", "cp", "max_tp", "pp_schedule", "no_model_parallel")
@@ -16,6 +18,18 @@ _LAYOUT_FLAGS = ("tp", "pp", "cp", "max_tp", "pp_schedule", "no_model_parallel")
 
 MAX_TOP = 1000
 """Most rows the ranked table prints."""
+
+SEARCH_HELD_OFF = {
+    # The search varies gradient accumulation, which torchtune's optimizer_in_bwd refuses.
+    "optimizer_in_backward": False,
+    # CPUOffloadPolicy applies to FSDP only; the search ranks every strategy.
+    "fsdp_cpu_offload": False,
+    # bitsandbytes' paged optimizers step on the GPU; the search ranks host-stepping offload too.
+    "paged_optimizer": False,
+    "activation_offloading": False,
+}
+"""Training settings the search plans off whatever a framework's configuration sets (and plan
+has no flag for): its rows, and the files --emit writes for the best, are planned without them."""
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,15 +97,12 @@ def run_plan(args: argparse.Namespace) -> int:
     fixed = {key: value for key, value in vars(args).items() if key not in _LAYOUT_FLAGS}
     fixed.update(
         micro_batch=1, grad_accum=1, activation_checkpointing="none", hsdp_group=None,
-        activation_offloading=False, state_convention=None, selective_layer_interval=2,
-        # The search varies gradient accumulation, which torchtune's optimizer_in_bwd refuses.
-        optimizer_in_backward=False,
-        # CPUOffloadPolicy applies to FSDP only; the search ranks every strategy.
-        fsdp_cpu_offload=False,
-        # bitsandbytes' paged optimizers step on the GPU; the search ranks host-stepping offload too.
-        paged_optimizer=False,
+        state_convention=None, selective_layer_interval=2, **SEARCH_HELD_OFF,
     )
+    if _offload_applies_to_every_strategy(args):
+        fixed["fsdp_cpu_offload"] = None  # left to the framework's configuration, as fit leaves it
     base = request_from_args(argparse.Namespace(**fixed))
+    args.search_held_off = configuration_settings_held_off(base)  # for --emit (zeroplan.cli.emit)
     # Frozen parameters and LoRA are modelled under data parallelism only; a layout flag is
     # refused naming what the user typed that made it so. Compiled blocks are searched under
     # every layout the request accepts (zeroplan.specs.request.check_compiled_layout).
@@ -132,5 +143,59 @@ def run_plan(args: argparse.Namespace) -> int:
             from zeroplan.report.summary import render_search_summary
 
             sys.stdout.write(render_search_summary(result, screen_width()) + "\n")
+        note = configuration_note(base, args.search_held_off)
+        if note:
+            sys.stdout.write(note + "\n")
         sys.stdout.write(time_basis(args, base) + "\n")
     return 0
+
+
+def _offload_applies_to_every_strategy(args: argparse.Namespace) -> bool:
+    """Whether FSDP's CPU offload applies to every strategy the search ranks (torchtune's and
+    litgpt's are FSDP alone): then the search plans the framework configuration's offload (on
+    for torchtune's 70B full fine-tunes) as fit does, instead of holding it off."""
+    from zeroplan.cli.fit import parse_strategies
+    from zeroplan.core.profiles import framework_strategies, fsdp_cpu_offload_strategies
+
+    framework = Framework(args.framework) if args.framework is not None else Framework.zeroplan
+    world = args.gpus
+    kinds = parse_strategies(args.strategies) or framework_strategies(framework, world)
+    return set(kinds) <= set(fsdp_cpu_offload_strategies(framework))
+
+
+def configuration_settings_held_off(base: PlanRequest) -> tuple[str, ...]:
+    """The SEARCH_HELD_OFF settings the framework's own configuration of ``base``'s model sets
+    on (zeroplan.specs.recipe_defaults: torchtune's single-device full configurations step a
+    paged optimizer in backward) and the search plans off (``base`` has them off)."""
+    found = recipe_launch_settings(base.model.name, base.training, base.cluster.world_size)
+    if found is None:
+        return ()
+    settings = found[0]
+    return tuple(field for field, off in SEARCH_HELD_OFF.items()
+                 if settings.get(field, off) != off and getattr(base.training, field) == off)
+
+
+def configuration_note(base: PlanRequest, held_off: tuple[str, ...]) -> str:
+    """One line naming the framework configuration whose settings the search planned (as fit's
+    header does) and those it planned off, and why; '' where the configuration sets none."""
+    import textwrap
+
+    from zeroplan.cli.parser import screen_width
+
+    found = recipe_launch_settings(base.model.name, base.training, base.cluster.world_size)
+    if found is None:
+        return ""
+    config, planned = planned_recipe_settings(base.model.name, base.training, None, base.cluster.world_size)
+    if found[1] and "async_tp" not in base.parallel.model_fields_set:
+        # Every layout of tp > 1 the search builds takes the configuration's async TP (ParallelSpec.async_tp).
+        planned += (SETTING_WORDS["async_tp"] + " where tp > 1",)
+    config = found[2]
+    if not planned and not held_off:
+        return ""
+    text = f"note: planned as {base.training.framework.value}'s {config} config"
+    if planned:
+        text += f", with its {', '.join(planned)}"
+    if held_off:
+        text += (f"; its {', '.join(setting_words(field, True) for field in held_off)} planned off, as the search "
+                 f"varies gradient accumulation and strategy (--emit writes them off)")
+    return textwrap.fill(text + ".", screen_width())
