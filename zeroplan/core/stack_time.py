@@ -268,6 +268,12 @@ def overlaps_grad_reduce(framework: Framework, strategy: StrategyKind) -> bool:
     by default (PerformanceAssumptions.overlap_grad_reduce left unset); True for the reference
     transformer. DeepSpeed's ZeRO-1/2 under the reference transformer and hf are decided before
     this, by their overlap_comm (zeroplan.core.communication.overlaps_grad_reduce)."""
+    if framework is Framework.megatron:
+        # megatron-core 0.16.1 reduces after the backward unless told otherwise:
+        # DistributedDataParallelConfig.overlap_grad_reduce = False
+        # (megatron/core/distributed/distributed_data_parallel_config.py), and
+        # megatron/training/arguments.py's --overlap-grad-reduce is store_true.
+        return False
     profile = stack_profile(framework)
     if profile is None:
         return True

@@ -97,7 +97,7 @@ def _run(args) -> int:
 
         parse_alloc_conf(args.allocator_conf)  # a bad key or value, before the run
     if args.whole_step and framework is Framework.zeroplan:
-        raise ZeroplanError("--whole-step", "needs --framework hf or torchtune (without --framework every run is a whole step)")
+        raise ZeroplanError("--whole-step", "needs --framework hf, torchtune or torchtitan (without --framework every run is a whole step)")
     per_block = framework is not Framework.zeroplan and not args.whole_step
     if per_block and args.world_size is not None:
         raise ZeroplanError("--world-size", "has no effect per block (one process measures one block); drop it, "

@@ -441,8 +441,8 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
         raise ZeroplanError("finetune.lora_rank", f"{model.name!r}: LoRA is modelled for dense models with q, k and v "
                             "projections (not mixture-of-experts or latent attention) yet")
     if framework is Framework.torchtitan:
-        raise ZeroplanError("finetune.lora_rank", "LoRA is modelled for hf (PEFT), torchtune and zeroplan, not torchtitan yet "
-                            "(allowed frameworks: hf, torchtune, zeroplan)")
+        raise ZeroplanError("finetune.lora_rank", "LoRA is modelled for hf (PEFT), torchtune, litgpt and zeroplan, not "
+                            "torchtitan yet (allowed frameworks: hf, torchtune, litgpt, zeroplan)")
     if not finetune.kbit_fp32_cast and framework is not Framework.hf:
         # peft's prepare_model_for_kbit_training is hf's recipe; the other frameworks keep what
         # is not quantized as loaded already.

@@ -298,8 +298,8 @@ class PerformanceAssumptions(Frozen):
     overlap_grad_reduce False in megatron/core/distributed/distributed_data_parallel_config.py;
     DeepSpeed ZeRO-1/2's overlap_comm default False). None: the framework's stack decides
     (zeroplan.core.communication.overlaps_grad_reduce: DeepSpeed's ZeRO-1/2, under the reference
-    transformer and the hf stack, only with StrategySpec.deepspeed_overlap_comm; Megatron-LM not;
-    every other stack and strategy the planner runs does)."""
+    transformer and the hf stack, only with StrategySpec.deepspeed_overlap_comm; --framework
+    megatron not, megatron-core's default; every other stack and strategy the planner runs does)."""
     overlap_param_gather: bool = False
     """The all-gather of updated parameters after a ZeRO-1/2 or distributed-optimizer step runs
     during the next forward (Megatron-LM --overlap-param-gather) instead of in the step,
