@@ -34,9 +34,10 @@ import torch
 
 from zeroplan.frameworks.build import _eager_flex_attention, build_on_meta
 from zeroplan.frameworks.expert_record import ExpertParallelRecord
-from zeroplan.frameworks.parallel_record import ActivationMeasurement, ParamShard, SavedTensor, collective_counts
+from zeroplan.frameworks.parallel_record import ActivationMeasurement, collective_counts
 from zeroplan.frameworks.tensor_parallel import (
-    COMPUTE_DTYPE, PARAM_DTYPE, _subtract, fake_step, global_parameter_shapes, parameter_shards, torchtitan_parallel_world,
+    COMPUTE_DTYPE, PARAM_DTYPE, _Run as _ParallelRun, _subtract, fake_step, global_parameter_shapes, parameter_shards,
+    torchtitan_parallel_world,
 )
 from zeroplan.simulate import _torch_private as private
 
@@ -174,12 +175,9 @@ def balanced_split_sizes(config, tokens: int, ep: int) -> list[int]:
 
 
 @dataclasses.dataclass
-class _Run:
-    retained: int
-    growth: list[int]
-    collectives: list[tuple]
-    saved: list[SavedTensor]
-    params: list[ParamShard]
+class _Run(_ParallelRun):
+    """A tensor-parallel run's figures, the split sizes answered and the parallelize calls."""
+
     answered: list[int]
     calls: str
 
