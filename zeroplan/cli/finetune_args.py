@@ -4,6 +4,7 @@ FineTuneSpec they describe, a config.json's quantization_config included."""
 from __future__ import annotations
 
 import argparse
+from enum import Enum
 from pathlib import Path
 
 from zeroplan.cli.parser import choices_of, positive_float, positive_int
@@ -21,24 +22,24 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _targets(text: str) -> tuple[LoraTarget, ...]:
-    allowed = choices_of(LoraTarget)
+def _names(text: str, kind: type[Enum], noun: str, empty_allowed: bool) -> tuple:
+    """Comma-separated values of ``kind``; an unknown one (or none, unless ``empty_allowed``) is refused."""
+    allowed = choices_of(kind)
     names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names and not empty_allowed:
+        raise argparse.ArgumentTypeError(f"names no {noun} (allowed: {', '.join(allowed)})")
     for name in names:
         if name not in allowed:
-            raise argparse.ArgumentTypeError(f"unknown layer {name!r} (allowed: {', '.join(allowed)})")
-    return tuple(LoraTarget(name) for name in names)
+            raise argparse.ArgumentTypeError(f"unknown {noun} {name!r} (allowed: {', '.join(allowed)})")
+    return tuple(kind(name) for name in names)
+
+
+def _targets(text: str) -> tuple[LoraTarget, ...]:
+    return _names(text, LoraTarget, "layer", empty_allowed=True)
 
 
 def _saved_modules(text: str) -> tuple[SavedModule, ...]:
-    allowed = choices_of(SavedModule)
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"names no module (allowed: {', '.join(allowed)})")
-    for name in names:
-        if name not in allowed:
-            raise argparse.ArgumentTypeError(f"unknown module {name!r} (allowed: {', '.join(allowed)})")
-    return tuple(SavedModule(name) for name in names)
+    return _names(text, SavedModule, "module", empty_allowed=False)
 
 
 def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:

@@ -10,20 +10,14 @@ from pathlib import Path
 from pydantic import Field
 
 from zeroplan.frameworks.compiled_record import SavedValue, counted_saved_bytes
-from zeroplan.frameworks.record import NamedRecord, finetune_tag, load_records
+from zeroplan.frameworks.record import ReleaseRecord, finetune_tag, load_records
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, TrainingSpec
-from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import FineTuneSpec
 
-SCHEMA_VERSION = 1
 
-
-class CompiledParallelBlockRecord(NamedRecord):
+class CompiledParallelBlockRecord(ReleaseRecord):
     """One torchtitan block on rank 0 of a fake tp x cp group, compiled and eager."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    torch_version: str
     model: ModelSpec
     """The preset the torchtitan flavour matches (its dimensions are the flavour's)."""
     flavor: str
@@ -62,13 +56,10 @@ class CompiledParallelBlockRecord(NamedRecord):
                 f"s{self.batch.seq_len}:b{self.batch.micro_batch_size}")
 
 
-class CompiledOffloadRecord(Frozen):
+class CompiledOffloadRecord(ReleaseRecord):
     """torchtune's activation offloading around its model with every layer compiled as its
     recipes compile it, against the same model eager: forward only, on fake tensors."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    torch_version: str
     model: ModelSpec
     finetune: FineTuneSpec = FineTuneSpec()
     """torchtune's LoRA/QLoRA model measured (zeroplan.frameworks.lora); the default: a full fine-tune."""
@@ -102,11 +93,12 @@ class CompiledOffloadRecord(Frozen):
         return counted_saved_bytes(self.compiled_first_layer_saved_values)
 
     @property
-    def file_name(self) -> str:
+    def name(self) -> str:
         tune = finetune_tag(TrainingSpec(framework="torchtune", finetune=self.finetune))
         return (f"torchtune{tune}_{self.model.name}_offload_ac={self.activation_checkpointing.value}_"
-                f"s{self.batch.seq_len}_b{self.batch.micro_batch_size}.json")
+                f"s{self.batch.seq_len}_b{self.batch.micro_batch_size}")
 
 
 def load_compiled_parallel_records(directory: Path) -> list[CompiledParallelBlockRecord]:
-    return [r for r in load_records(directory, CompiledParallelBlockRecord, "compiled parallel block record")]
+    """Every ``*.json`` record in ``directory``, sorted by file name; a bad file is one line."""
+    return load_records(directory, CompiledParallelBlockRecord, "compiled parallel block record")

@@ -8,13 +8,11 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.frameworks.record import NamedRecord, finetune_tag, load_records
+from zeroplan.frameworks.record import ReleaseRecord, finetune_tag, load_records
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
-
-SCHEMA_VERSION = 1
 
 SAVED_KINDS = ("intermediate", "hidden", "parameter", "buffer", "shared")
 """What a saved value is: made inside the block; the block's hidden-state input; a parameter or
@@ -51,13 +49,9 @@ def counted_saved_bytes(values: list[SavedValue], kinds: tuple[str, ...] = COUNT
     return sum(v.bytes for v in values if v.kind in kinds)
 
 
-class CompiledBlockRecord(NamedRecord):
+class CompiledBlockRecord(ReleaseRecord):
     """What one decoder block saves for backward compiled (inductor's partitioner) and eagerly."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    """The installed release whose block ran ('torchtitan 0.3.0')."""
-    torch_version: str
     model: ModelSpec
     """The architecture (one block of it is built at full width)."""
     framework: Framework
@@ -112,13 +106,10 @@ def load_compiled_records(directory: Path) -> list[CompiledBlockRecord]:
     return load_records(directory, CompiledBlockRecord, "compiled block record")
 
 
-class CompiledLossRecord(NamedRecord):
+class CompiledLossRecord(ReleaseRecord):
     """What one chunk of a framework's cross-entropy saves for backward, compiled as the
     framework compiles its loss and eagerly (zeroplan.frameworks.compiled_loss)."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    torch_version: str
     model: ModelSpec
     """The architecture whose logits the loss reads (its vocabulary sets a row's width)."""
     framework: Framework

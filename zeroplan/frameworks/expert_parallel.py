@@ -34,14 +34,12 @@ import torch
 
 from zeroplan.frameworks.build import _eager_flex_attention, build_on_meta
 from zeroplan.frameworks.expert_record import ExpertParallelRecord
-from zeroplan.frameworks.parallel_record import ActivationMeasurement, ParamShard, SavedTensor, collective_counts
+from zeroplan.frameworks.parallel_record import ActivationMeasurement, collective_counts
 from zeroplan.frameworks.tensor_parallel import (
-    COMPUTE_DTYPE, PARAM_DTYPE, _key, _SavedInLastBlock, _subtract, global_parameter_shapes, parameter_shards,
+    COMPUTE_DTYPE, PARAM_DTYPE, _Run as _ParallelRun, _subtract, fake_step, global_parameter_shapes, parameter_shards,
     torchtitan_parallel_world,
 )
 from zeroplan.simulate import _torch_private as private
-from zeroplan.simulate.collectives import CollectiveRecorder
-from zeroplan.simulate.record import Phase
 
 HOW = "python benchmarks/expert_records.py"
 BACKEND = "partial_dtensor"
@@ -177,60 +175,31 @@ def balanced_split_sizes(config, tokens: int, ep: int) -> list[int]:
 
 
 @dataclasses.dataclass
-class _Run:
-    retained: int
-    growth: list[int]
-    collectives: list[tuple]
-    saved: list[SavedTensor]
-    params: list[ParamShard]
+class _Run(_ParallelRun):
+    """A tensor-parallel run's figures, the split sizes answered and the parallelize calls."""
+
     answered: list[int]
     calls: str
 
 
 def _run(family: str, flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, layers: int,
          policy: str) -> _Run:
-    from torchtitan.distributed import utils as dist_utils
-
     config, _, dense = moe_config(family, flavor, layers, seq_len)
     global_shapes = global_parameter_shapes(config)
     moe_blocks = layers - min(dense, layers)
     splits = balanced_split_sizes(config, seq_len * micro_batch, ep)
+    # One MoE block's forward reads its 2 ep split sizes; full checkpointing runs the forward
+    # again in backward, which reads them again.
+    reads = private.ScalarReads(splits * moe_blocks * (2 if policy == "full" else 1))
     with expert_world(ep, dp_shard) as (parallel_dims, parallelism):
         module = build_on_meta(config, PARAM_DTYPE)
         calls = _parallelize(family, module, parallel_dims, parallelism, policy)
         params = parameter_shards(module, global_shapes)
-        context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
-        blocks = list(module.layers.values())
-        with private.fake_tensor_mode():
-            module.to_empty(device="cpu")
-            tokens = torch.randint(0, config.vocab_size, (micro_batch, seq_len))
-            tracker = private.live_bytes_tracker()
-            recorder = private.passing_higher_order_ops(CollectiveRecorder())
-            # One MoE block's forward reads its 2 ep split sizes; full checkpointing runs the
-            # forward again in backward, which reads them again.
-            reads = private.ScalarReads(splits * moe_blocks * (2 if policy == "full" else 1))
-            marks: list[int] = []
-            for block in blocks:
-                block.register_forward_hook(lambda *_: marks.append(private.tracker_live_bytes(tracker)))
-            saved = _SavedInLastBlock(blocks[-1], module)
-            private.track_existing(tracker, module)
-            with context():
-                positions = torch.arange(seq_len).repeat(micro_batch, 1)
-                masks = module.get_attention_masks(positions)
-            with context(), private.cpu_autocast_float32(), tracker, recorder, reads:
-                before = private.tracker_live_bytes(tracker)
-                recorder.phase = Phase.forward
-                with saved:
-                    output = module(tokens, positions=positions, attention_masks=masks)
-                retained = private.tracker_live_bytes(tracker) - before
-                recorder.phase = Phase.backward
-                output.sum().backward()
-                del output
-            if reads.answers:
-                raise RuntimeError(f"the dispatcher left {len(reads.answers)} of the split sizes given unread")
-    collectives = [_key(r, r.phase.value) for r in recorder.records]
-    growth = [marks[k] - marks[k - 1] for k in range(1, len(marks))]
-    return _Run(retained, growth, collectives, saved.tensors(), params, reads.answered, calls)
+        step = fake_step(module, parallel_dims, config.vocab_size, micro_batch, seq_len,
+                         outer=(private.cpu_autocast_float32(),), inner=(reads,))
+    if reads.answers:
+        raise RuntimeError(f"the dispatcher left {len(reads.answers)} of the split sizes given unread")
+    return _Run(*step, params, reads.answered, calls)
 
 
 def measure_activations(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int = 1,

@@ -9,19 +9,13 @@ from pathlib import Path
 from pydantic import Field
 
 from zeroplan.frameworks.parallel_record import ActivationMeasurement, CollectiveCount, ParamShard, RankParameters
-from zeroplan.frameworks.record import load_records
-from zeroplan.specs.base import Frozen
-
-SCHEMA_VERSION = 1
+from zeroplan.frameworks.record import ReleaseRecord, load_records
 
 
-class ExpertParallelRecord(RankParameters, Frozen):
+class ExpertParallelRecord(RankParameters, ReleaseRecord):
     """torchtitan's own MoE model at full width, a few blocks deep, parallelized by its own
     parallelize function with expert parallelism and FSDP2, measured on rank 0 of a fake group."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    torch_version: str
     family: str
     """torchtitan's model package ('deepseek_v3')."""
     flavor: str

@@ -6,10 +6,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from zeroplan.specs import ModelSpec
-from zeroplan.frameworks.record import NamedRecord
+from zeroplan.frameworks.record import ReleaseRecord
 from zeroplan.specs.base import Frozen
-
-SCHEMA_VERSION = 1
 
 
 class AllGatherCall(Frozen):
@@ -26,12 +24,9 @@ class AllGatherCall(Frozen):
     """Elements of the gathered result (input x ranks)."""
 
 
-class Float8AllGatherRecord(NamedRecord):
+class Float8AllGatherRecord(ReleaseRecord):
     """The all-gathers one torchtitan Llama block's FSDP2 unit issues in its forward."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    torch_version: str
     model: ModelSpec
     world_size: int = Field(ge=2)
     """Ranks of the fake process group (this is rank 0)."""

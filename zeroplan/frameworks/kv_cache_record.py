@@ -7,10 +7,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from zeroplan.specs import BatchSpec, ModelSpec
-from zeroplan.frameworks.record import NamedRecord
+from zeroplan.frameworks.record import ReleaseRecord
 from zeroplan.specs.base import Frozen
-
-SCHEMA_VERSION = 1
 
 
 class KvCacheRun(Frozen):
@@ -33,12 +31,9 @@ class KvCacheRun(Frozen):
     """'ok', or the first line of the error the backward raised."""
 
 
-class KvCacheRecord(NamedRecord):
+class KvCacheRecord(ReleaseRecord):
     """What the KV cache adds to a training forward of transformers' Llama, by checkpointing."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    torch_version: str
     model: ModelSpec
     batch: BatchSpec
     built_layers: int = Field(ge=2)

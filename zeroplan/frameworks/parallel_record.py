@@ -10,10 +10,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from zeroplan.frameworks.record import load_records
+from zeroplan.frameworks.record import ReleaseRecord, load_records
 from zeroplan.specs.base import Frozen
-
-SCHEMA_VERSION = 1
 
 Part = Literal["embedding", "block", "norm", "output"]
 """Where a parameter sits in the decoder: tok_embeddings, layers.N, the final norm, lm_head."""
@@ -141,19 +139,11 @@ class RankParameters:
         run = ["states"] if a is None else [f"ac-{a.activation_checkpointing}", f"s{a.seq_len}", f"b{a.micro_batch_size}"]
         return [head, backend, *layout, *run]
 
-    @property
-    def file_name(self) -> str:
-        return self.name + ".json"
 
-
-class ParallelRecord(RankParameters, Frozen):
+class ParallelRecord(RankParameters, ReleaseRecord):
     """torchtitan's own parallelism applied to its Llama-3 at full width, a few blocks deep,
     measured on rank 0 of a fake process group."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    """'torchtitan 0.3.0'."""
-    torch_version: str
     flavor: str
     """torchtitan's llama3_configs key whose config was built ('8B', '70B')."""
     dim: int

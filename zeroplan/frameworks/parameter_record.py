@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from zeroplan.frameworks.record import NamedRecord, finetune_tag
+from zeroplan.frameworks.record import ReleaseRecord, finetune_tag
 from zeroplan.specs import ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import recorded_before_kernels
-
-SCHEMA_VERSION = 1
 
 
 class ParameterBytes(Frozen):
@@ -34,14 +32,10 @@ class ParameterBytes(Frozen):
         return sum(self.frozen.values())
 
 
-class FrameworkParameterRecord(NamedRecord):
+class FrameworkParameterRecord(ReleaseRecord):
     """Parameter storage of a framework's model as its builder makes it (on the meta device: the
     bytes are each tensor's elements times its element size)."""
 
-    schema_version: int = SCHEMA_VERSION
-    framework_version: str
-    """The installed releases whose builders ran (e.g. 'torchtune 0.6.1')."""
-    torch_version: str
     model: ModelSpec
     """The architecture at its full depth (built_layers blocks of it were built)."""
     built_layers: int = Field(ge=1)

@@ -14,10 +14,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from zeroplan.frameworks.record import load_records
+from zeroplan.frameworks.record import SCHEMA_VERSION, NamedRecord, load_records
 from zeroplan.specs.base import Frozen
-
-SCHEMA_VERSION = 1
 
 
 SINGLE_STAGE = ("GPipe", "1F1B")
@@ -59,7 +57,7 @@ class RankSplit(Frozen):
     param_elements: int = Field(ge=0)
 
 
-class PipelineSplitRecord(Frozen):
+class PipelineSplitRecord(NamedRecord):
     """torchtitan's stage split of one Llama-3 flavour for one pipeline degree and schedule."""
 
     schema_version: int = SCHEMA_VERSION
@@ -97,10 +95,6 @@ class PipelineSplitRecord(Frozen):
     def name(self) -> str:
         stem = f"split_llama3-{self.flavour.lower()}_pp{self.pp}_{self.schedule.lower()}"
         return stem + (f"_lps{self.layers_per_stage}" if self.layers_per_stage else f"_v{self.stages_per_rank}")
-
-    @property
-    def file_name(self) -> str:
-        return self.name + ".json"
 
 
 class RankSchedule(Frozen):
@@ -141,7 +135,7 @@ class RankSchedule(Frozen):
     """Most bytes of autograd-saved activations alive at once in that fake-tensor run."""
 
 
-class PipelineScheduleRecord(Frozen):
+class PipelineScheduleRecord(NamedRecord):
     """torch's pipeline schedule for one (schedule, pp, stages per rank, micro-batches)."""
 
     schema_version: int = SCHEMA_VERSION
@@ -163,10 +157,6 @@ class PipelineScheduleRecord(Frozen):
     @property
     def name(self) -> str:
         return f"schedule_{self.schedule.lower()}_pp{self.pp}_v{self.stages_per_rank}_m{self.microbatches}"
-
-    @property
-    def file_name(self) -> str:
-        return self.name + ".json"
 
 
 def parse_order(order: str) -> list[tuple[int, str, int] | None]:

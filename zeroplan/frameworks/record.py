@@ -14,6 +14,8 @@ from zeroplan.specs.finetune import BITSANDBYTES_VERSION
 from zeroplan.specs.training import recorded_before_kernels
 
 SCHEMA_VERSION = 1
+"""The layout of every measured record here (a kind that changes a field's meaning overrides its
+``schema_version`` default with a version of its own)."""
 
 
 class NamedRecord(Frozen):
@@ -29,15 +31,22 @@ class NamedRecord(Frozen):
         return self.name.replace(":", "_") + ".json"
 
 
-class FrameworkRecord(NamedRecord):
-    """Live bytes one framework's decoder block keeps for backward, measured at full width."""
+class ReleaseRecord(NamedRecord):
+    """A named record of what a framework release's own code did under a torch release: the
+    fields every such record starts with (its own fields follow them)."""
 
     schema_version: int = SCHEMA_VERSION
     """Bumped when a field changes meaning."""
     framework_version: str
-    """The installed release whose model code ran (e.g. 'transformers 4.56.2')."""
+    """The installed release whose code ran (e.g. 'transformers 4.56.2', 'torchtitan 0.3.0'; the
+    model code, and the sharding, loss or builder code where the record's kind ran them)."""
     torch_version: str
-    """torch.__version__ that ran the forward."""
+    """torch.__version__ that ran it."""
+
+
+class FrameworkRecord(ReleaseRecord):
+    """Live bytes one framework's decoder block keeps for backward, measured at full width."""
+
     model: ModelSpec
     """The architecture at its full depth (the planner's request uses it as is)."""
     built_layers: int = Field(ge=3)

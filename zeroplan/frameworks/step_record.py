@@ -9,12 +9,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from zeroplan.frameworks.record import NamedRecord, finetune_tag, load_records
+from zeroplan.frameworks.record import ReleaseRecord, finetune_tag, load_records
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import recorded_before_kernels
-
-SCHEMA_VERSION = 1
 
 
 class StepPhase(str, Enum):
@@ -45,15 +43,9 @@ class AllocatorFigures(Frozen):
     """The least device memory on which both steps complete under the allocator's retry rules."""
 
 
-class FrameworkStepRecord(NamedRecord):
+class FrameworkStepRecord(ReleaseRecord):
     """One forward, loss, backward and AdamW step of a framework's full-depth model."""
 
-    schema_version: int = SCHEMA_VERSION
-    """Bumped when a field changes meaning."""
-    framework_version: str
-    """The installed release whose model, sharding and loss code ran (e.g. 'torchtune 0.6.1')."""
-    torch_version: str
-    """torch.__version__ that ran the step."""
     model: ModelSpec
     """The architecture, built at its full depth."""
     strategy: StrategyKind

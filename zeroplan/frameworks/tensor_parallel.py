@@ -312,7 +312,6 @@ def _key(record, phase: str) -> tuple:
 
 def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, policy: str, cp: int,
          layers: int, spmd_backend: str = "spmd_types", dp_shard: int = 1) -> _Run:
-    from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
     import spmd_types as spmd
@@ -344,36 +343,50 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
         elif policy == "selective-op":
             SelectiveAC(SelectiveAC.Config()).apply(module)
         params = parameter_shards(module, global_shapes)
-        # torchtitan 0.3.0 trainer.py _forward_backward_body runs under train_context,
-        # distributed/utils.py get_spmd_context: the SPMD meshes registered and the dense mesh current.
-        context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
-        blocks = list(module.layers.values())
-        with private.fake_tensor_mode():
-            module.to_empty(device="cpu")
-            tokens = torch.randint(0, config.vocab_size, (micro_batch, seq_len))
-            tracker = private.live_bytes_tracker()
-            recorder = private.passing_higher_order_ops(CollectiveRecorder())
-            marks: list[int] = []
-            for block in blocks:
-                block.register_forward_hook(lambda *_: marks.append(private.tracker_live_bytes(tracker)))
-            saved = _SavedInLastBlock(blocks[-1], module)
-            private.track_existing(tracker, module)
-            with context():
-                tokens, positions, masks = step_inputs(module, tokens, parallel_dims, cp)
-            with context(), tracker, recorder:
-                before = private.tracker_live_bytes(tracker)
-                recorder.phase = Phase.forward
-                with saved:
-                    output = module(tokens, positions=positions, attention_masks=masks)
-                retained = private.tracker_live_bytes(tracker) - before
-                recorder.phase = Phase.backward
-                # trainer.py: loss.backward() under spmd.no_typecheck().
-                with spmd.no_typecheck():
-                    output.sum().backward()
-                del output
+        # trainer.py: loss.backward() under spmd.no_typecheck().
+        step = fake_step(module, parallel_dims, config.vocab_size, micro_batch, seq_len, cp, backward=spmd.no_typecheck)
+    return _Run(*step, params)
+
+
+def fake_step(module: torch.nn.Module, parallel_dims, vocab_size: int, micro_batch: int, seq_len: int, cp: int = 1,
+              outer: tuple = (), inner: tuple = (), backward=contextlib.nullcontext) -> tuple[int, list[int], list[tuple], list[SavedTensor]]:
+    """One forward and backward of the parallelized ``module`` on fake tensors: the bytes its
+    forward left live, each block's growth after the first, its collectives and what its last
+    block saved. ``outer`` and ``inner``: contexts entered for the step before and after the
+    tracker and the recorder; ``backward``: the context of loss.backward()."""
+    from torchtitan.distributed import utils as dist_utils
+
+    # torchtitan 0.3.0 trainer.py _forward_backward_body runs under train_context,
+    # distributed/utils.py get_spmd_context: the SPMD meshes registered and the dense mesh current.
+    context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
+    blocks = list(module.layers.values())
+    with private.fake_tensor_mode():
+        module.to_empty(device="cpu")
+        tokens = torch.randint(0, vocab_size, (micro_batch, seq_len))
+        tracker = private.live_bytes_tracker()
+        recorder = private.passing_higher_order_ops(CollectiveRecorder())
+        marks: list[int] = []
+        for block in blocks:
+            block.register_forward_hook(lambda *_: marks.append(private.tracker_live_bytes(tracker)))
+        saved = _SavedInLastBlock(blocks[-1], module)
+        private.track_existing(tracker, module)
+        with context():
+            tokens, positions, masks = step_inputs(module, tokens, parallel_dims, cp)
+        with context(), contextlib.ExitStack() as inside:
+            for mode in (*outer, tracker, recorder, *inner):
+                inside.enter_context(mode)
+            before = private.tracker_live_bytes(tracker)
+            recorder.phase = Phase.forward
+            with saved:
+                output = module(tokens, positions=positions, attention_masks=masks)
+            retained = private.tracker_live_bytes(tracker) - before
+            recorder.phase = Phase.backward
+            with backward():
+                output.sum().backward()
+            del output
     collectives = [_key(r, r.phase.value) for r in recorder.records]
     growth = [marks[k] - marks[k - 1] for k in range(1, len(marks))]
-    return _Run(retained, growth, collectives, saved.tensors(), params)
+    return retained, growth, collectives, saved.tensors()
 
 
 class _SavedInLastBlock:
