@@ -102,10 +102,12 @@ def test_fsdp1_keeps_its_root_gathered_from_the_forward_through_the_loss() -> No
     assert rows["all_gather bytes/step"].measured_bytes == rows["all_gather bytes/step"].predicted_bytes
     peak = rows["peak (CPU allocator)"]
     assert abs(peak.measured_bytes - peak.predicted_bytes) < 0.05 * peak.measured_bytes
-    # Without the root the planner's peak was 7 % below the run's (outside the tolerance).
+    # Planned as FSDP2's root (resharded after the forward, gathered again after the loss's
+    # backward beside the logits' gradient) the peak is 3.5 % below the run's, against 0.3 % with
+    # the root kept gathered (7 % below before the FSDP2 plan counted that gradient).
     states, _ = checked_peak_terms(fsdp2)
     without_root = max(moment.total for moment in peak_moments(states, fsdp2_terms, 4).values())
-    assert peak.measured_bytes > 1.05 * without_root
+    assert peak.measured_bytes - without_root > 10 * abs(peak.measured_bytes - peak.predicted_bytes)
 
 
 def test_fsdp2_accumulates_unsharded_gradients_in_the_reduce_dtype() -> None:

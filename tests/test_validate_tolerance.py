@@ -35,9 +35,22 @@ def test_every_row_has_a_bound(run: Path) -> None:
 
 
 @pytest.mark.parametrize("run", OWN, ids=lambda p: p.name)
-def test_the_harness_own_records_are_within_tolerance(run: Path) -> None:
-    """The reference ZeRO, DDP, ZeroRedundancyOptimizer and FSDP2 engines (benchmarks/records)."""
-    assert not outside(_rows(run))
+def test_the_harness_own_records_are_within_tolerance_on_every_rank(run: Path) -> None:
+    """The reference ZeRO, DDP, ZeroRedundancyOptimizer and FSDP2 engines (benchmarks/records),
+    every rank: rank 0 alone passed the FSDP2 full-shard runs while rank 1's allocator peak was
+    10 % over the planner's."""
+    ranks = sorted(run.glob("rank*.json"))
+    assert len(ranks) == 2
+    for path in ranks:
+        failed = outside(compare_record(read_record(path)))
+        assert not failed, [(path.name, row.quantity, row.measured_bytes, row.predicted_bytes) for row in failed]
+
+
+def test_validate_check_passes_every_rank_of_the_committed_records(capsys) -> None:
+    """What docs/validation.md's first table comes from: `zeroplan validate benchmarks/records
+    --check --all-ranks`, in process."""
+    assert main(["validate", str(BENCH / "records"), "--check", "--all-ranks"]) == 0
+    assert "within the harness's tolerance" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("run", DEEPSPEED, ids=lambda p: p.name)

@@ -114,6 +114,21 @@ def test_a_block_handed_to_a_collective_and_freed_unseen_dies_after_its_last_use
     assert peaks[1].peak_bytes == 9
 
 
+def test_a_later_block_at_the_same_address_does_not_lend_its_uses_to_the_earlier_one():
+    # FSDP2's all-gather output (block 1, 24 bytes) goes to a collective, is copied out by an
+    # operator ending at 3 and freed unseen by gloo's worker thread; a 6-byte block allocated at
+    # its address at 10 gets the same id from the profiler (no free seen between them) and is
+    # used until 12. The first block dies at 3, not at 10 where its address is used again.
+    events = [
+        _alloc(2, 24, 0xA, allocation_id=1), _alloc(5, 2, 0xB, allocation_id=2),
+        _alloc(10, 6, 0xA, "aten::empty_strided", allocation_id=1), _alloc(13, -6, 0xA, allocation_id=1),
+    ]
+    uses = [Use(allocation_id=1, end_ns=2, collective=True), Use(allocation_id=1, end_ns=3, collective=False),
+            Use(allocation_id=1, end_ns=12, collective=False)]
+    peaks = step_peaks(events, {0: (4, 6)}, uses)
+    assert peaks[0].peak_bytes == 2
+
+
 def test_the_snapshot_trace_replays_to_the_allocator_peak() -> None:
     """zeroplan.harness.snapshot: the events as torch.cuda.memory._snapshot()'s device trace; a
     block allocated at a live address frees the one before (as _replay does), so the replay of

@@ -213,6 +213,9 @@ class FsdpStepInputs:
     root_head_gradient: int = 0
     """root_head_gradient_bytes: where the schedule runs the loss's moments, the head weight's
     unsharded gradient the root keeps from the loss's backward to its own post-backward."""
+    root_gather_loss_gradient: int = 0
+    """The logits' gradient the root's gather for the backward runs beside, where its
+    pre-backward hook waits for it (PeakTerms.root_gather_after_loss, logits_gradient)."""
 
     compiled_loss: bool = False
     """loss_tensors are the compiled unchunked loss's (the bf16 logits, the row statistics), run
@@ -275,6 +278,7 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
                             forward_collectives(request, terms), reduce_output_is_sharded_gradient(request))
     fully_shard = profile(request.training.framework).fsdp_is_fully_shard and not fsdp1_root_stays_gathered(request)
     return replace(inputs, root_head_gradient=root_head_gradient_bytes(request, inputs), defers_all_gather_free=fully_shard,
+                   root_gather_loss_gradient=terms.logits_gradient if terms.root_gather_after_loss else 0,
                    compiled_loss=inputs.loss_tensors is not None and compiles_unchunked_loss(request))
 
 
@@ -521,7 +525,11 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
                 forward_ends()
                 run_loss(x.loss_moments, b, cache)
             if not f.fsdp1_root:
+                # The reference model's root is gathered from its pre-backward hook on the logits'
+                # gradient, which the loss's backward has left (buffers.root_gathers_beside_logits_gradient).
+                logits_gradient = b.alloc(f.root_gather_loss_gradient) if f.root_gather_loss_gradient else []
                 root = [] if separate else gather(units[0])
+                b.free(logits_gradient)
             if f.root_head_gradient:
                 # The head's backward (the loss's last) leaves its weight's unsharded gradient,
                 # held to the root's post-backward after every block's (root_head_gradient_bytes).

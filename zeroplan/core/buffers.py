@@ -647,6 +647,44 @@ def root_gather_buffer_bytes(request: PlanRequest) -> int:
     return 2 * sum(n for i, n in enumerate(gathered) if i not in blocks)
 
 
+# torch 2.13 _fully_shard/_fsdp_state.py:434-452 _register_pre_backward_hook: the root's
+# pre-backward (:381-392 _pre_backward, _fsdp_param_group.py:576-586 pre_backward: unshard,
+# wait_for_unshard's copy-out) is a hook on the gradient of the root module's forward output.
+# Where the loss is computed outside the root's forward on its logits (zeroplan's reference
+# model: zeroplan/harness/torch_engines.py _Base.forward_backward, logits = self.module(...), then
+# next_token_loss), that gradient is the logits' own, which the loss's backward has just
+# written: the hook fires at the logits' grad_fn, after the cross-entropy's backward freed its
+# saved log-softmax, so the root is gathered again (root_gather_buffer_bytes: its flat all-gather
+# output and the parameters copied out of it) beside every saved activation and the logits'
+# gradient (b s V in the logits' dtype, the compute dtype), which lives on to the head's
+# backward. Measured on 2 gloo ranks (benchmarks/records/tiny-llama-fsdp-full-shard-torch-fp32-n2,
+# FSDPMemTracker at the step's peak: All Gather 25,167,360 + Unsharded Param 25,167,360 beside
+# Temp 16,777,216, the fp32 logits' gradient, and every activation). The harness wraps the root
+# with reshard_after_forward=True, which torch 2.13 honours for a root (_fully_shard.py:246-260:
+# only None turns the root's post_forward_mesh_info off, _fsdp_state.py:205-207).
+# Only the reference model is counted so: a framework's own model places its loss itself (hf's
+# LlamaForCausalLM computes it inside the root's forward when given labels, where the hook fires
+# on the loss before the cross-entropy's backward; torchtune's output comes in chunks; torchtitan's
+# head units are held or separate), and their whole steps on fake tensors
+# (benchmarks/framework-step-records) are what their terms answer to.
+def root_gathers_beside_logits_gradient(request: PlanRequest) -> bool:
+    """PeakTerms.root_gather_after_loss: whether the root unit, gathered again for the backward
+    (root_gather_buffer_bytes), is gathered beside the logits' gradient: the reference model's
+    loss runs outside the root's forward (without model parallelism)."""
+    return (request.training.framework is Framework.zeroplan and request.parallel.is_trivial
+            and root_gather_buffer_bytes(request) > 0)
+
+
+def reference_logits_gradient_bytes(request: PlanRequest) -> int:
+    """PeakTerms.logits_gradient: the reference model's logits' gradient, b s V in the compute
+    dtype, as the loss's backward leaves it for the head's (0 for a framework's own model, or
+    with model parallelism); what a root gathered after the loss's backward is gathered beside."""
+    if request.training.framework is not Framework.zeroplan or not request.parallel.is_trivial:
+        return 0
+    batch = request.batch
+    return batch.micro_batch_size * batch.seq_len * request.model.vocab_size * request.training.precision.compute_bytes
+
+
 # torch/optim/adam.py, _multi_tensor_adam: torch._foreach_sqrt(exp_avg_sqs) materialises one
 # state-sized temporary per step (foreach is the default on CUDA); Lion's interpolation of
 # momentum and gradient likewise. SGD updates in place; bitsandbytes and Adafactor use fused

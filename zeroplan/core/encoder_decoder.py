@@ -314,4 +314,5 @@ def micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     e, b = request.training.precision.compute_bytes, request.batch.micro_batch_size
     workspace = 2 * e * b * request.model.hidden_size * max(request.batch.seq_len, target_len(request)) + recompute
     logits = sum(logits_tensors(request))
-    return (("activations", kept), ("logits", logits), ("workspace", workspace), ("logits_pieces", (logits,)))
+    return (("activations", kept), ("logits", logits), ("workspace", workspace), ("logits_pieces", (logits,)),
+            ("logits_gradient", 0))

@@ -103,7 +103,8 @@ def backward_bases(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps
 # buffer or its own unsharded gradients (PeakTerms.block_copy_buffers): two pieces, each affine in
 # the micro-batch, as the plan search's bounds take every moment.
 # The root's gathering again for the backward (PeakTerms.root_gather_buffers) comes before any
-# block's, with the same activations and gradients: a third piece.
+# block's, with the same activations and gradients, and where its pre-backward hook waits for
+# the logits' gradient, with that gradient (PeakTerms.root_gather_after_loss): a third piece.
 def block_pieces(moments: PeakTerms, accumulated: int, resident: int, held: int) -> tuple[MomentBytes, ...]:
     """A block's backward in its pieces: its units with its workspace, with its copy buffers
     (PeakTerms.block_copy_buffers), and the root gathered again before it (root_gather_buffers)."""
@@ -111,7 +112,8 @@ def block_pieces(moments: PeakTerms, accumulated: int, resident: int, held: int)
     units = held + moments.block_transient_buffers
     return (MomentBytes(other, gradients, units + moments.workspace),
             MomentBytes(other, gradients, units + moments.block_copy_buffers),
-            MomentBytes(other, gradients, held + moments.root_gather_buffers))
+            MomentBytes(other + (moments.logits_gradient if moments.root_gather_after_loss else 0), gradients,
+                        held + moments.root_gather_buffers))
 
 
 # docs/memory-model.md, "Peak": the first layer's backward, from its all-gather (prefetched while
@@ -207,6 +209,12 @@ class PeakTerms:
     root_gather_buffers: int = 0
     """The root unit's flat all-gather buffer and copied-out parameters where it is gathered
     again for the backward, before any block's (zeroplan.core.buffers.root_gather_buffer_bytes)."""
+    logits_gradient: int = 0
+    """The reference model's logits' gradient, which its loss's backward leaves for the head's
+    (zeroplan.core.buffers.reference_logits_gradient_bytes); 0 for a framework's own model."""
+    root_gather_after_loss: bool = False
+    """Whether the root is gathered again beside ``logits_gradient``, its pre-backward hook
+    waiting for it (zeroplan.core.buffers.root_gathers_beside_logits_gradient)."""
     logits_pieces: tuple[int, ...] = ()
     """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
     affine in the micro-batch, their maximum is not: the plan search needs them apart."""

@@ -21,7 +21,8 @@ from zeroplan.core.buffers import (
     block_backward_transient_bytes, block_copy_buffer_bytes, draining_held_buffer_bytes, first_layer_activation_blocks,
     first_layer_buffer_bytes, first_layer_copy_buffer_bytes, first_layer_gather_buffer_bytes, first_layer_gather_flat_bytes,
     first_layer_gradient_bytes, fsdp_no_sync_carried_gradient_bytes,
-    optimizer_step_temporary_bytes, resident_buffer_bytes, root_gather_buffer_bytes, transient_buffer_bytes,
+    optimizer_step_temporary_bytes, resident_buffer_bytes, reference_logits_gradient_bytes, root_gather_buffer_bytes,
+    root_gathers_beside_logits_gradient, transient_buffer_bytes,
 )
 from zeroplan.core.communication import Collective, collectives
 from zeroplan.core.compiled import check_compiled
@@ -271,7 +272,8 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
         logits_pieces = framework_logits_pieces(request) if one_rank else rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute
-    return (("activations", activations), ("logits", logits), ("workspace", workspace), ("logits_pieces", logits_pieces))
+    return (("activations", activations), ("logits", logits), ("workspace", workspace), ("logits_pieces", logits_pieces),
+            ("logits_gradient", reference_logits_gradient_bytes(request)))
 
 
 def _accumulated_gradient_bytes(request: PlanRequest) -> int | None:
@@ -391,6 +393,7 @@ def _accumulation_free_state_terms(request: PlanRequest) -> tuple[ModelStateByte
         ("block_transient_buffers", block_backward_transient_bytes(request)),
         ("block_copy_buffers", block_copy_buffer_bytes(request)),
         ("root_gather_buffers", root_gather_buffer_bytes(request)),
+        ("root_gather_after_loss", root_gathers_beside_logits_gradient(request)),
         # DeepSpeed-Chat's DPO loop holds both models' outputs through the step too (zeroplan.core.dschat_dpo).
         ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)
          + dschat_dpo.held_through_step_bytes(request)),

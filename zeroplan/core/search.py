@@ -269,7 +269,7 @@ def _activation_key(request: PlanRequest) -> tuple:
             request.batch.micro_batch_size, request.batch.grad_accum_steps, engine)
 
 
-_MICRO_BATCH_TERMS = ("activations", "logits", "workspace", "logits_pieces")
+_MICRO_BATCH_TERMS = ("activations", "logits", "workspace", "logits_pieces", "logits_gradient")
 """The PeakTerms fields plan.micro_batch_terms computes."""
 
 

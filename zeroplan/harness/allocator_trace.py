@@ -177,17 +177,22 @@ def _uses_of_handed_blocks(operators: list, allocations: list[Allocation]) -> li
     for e in sorted(operators, key=lambda e: e.end_time_ns, reverse=True):
         if not asked:
             break
-        met = asked.intersection(_input_allocation_ids(e))
+        # An operator ending after the block's address was allocated again used the later block,
+        # which the profiler gives the same id (it saw no free in between): not this one's use.
+        met = {i for i in asked.keys() & set(_input_allocation_ids(e)) if asked[i] is None or e.end_time_ns <= asked[i]}
         uses += [Use(allocation_id=i, end_ns=e.end_time_ns, collective=e.name.startswith("c10d::")) for i in met]
-        asked -= met
+        for i in met:
+            del asked[i]
     return uses
 
 
-def _last_use_asked(allocations: list[Allocation], handed: set[int]) -> set[int]:
-    """The blocks whose last use with_unseen_frees reads, of those ``handed`` to a collective."""
+def _last_use_asked(allocations: list[Allocation], handed: set[int]) -> dict[int, int | None]:
+    """The blocks whose last use with_unseen_frees reads, of those ``handed`` to a collective,
+    each with when its address was next allocated (None: never), past which a use is another's."""
     ordered = sorted(allocations, key=lambda a: a.time_ns)
     following = _following_at_ptr(ordered)
-    return {allocation.allocation_id for allocation, after in zip(ordered, following, strict=True)
+    return {allocation.allocation_id: None if after is None else ordered[after].time_ns
+            for allocation, after in zip(ordered, following, strict=True)
             if allocation.size_bytes > 0 and allocation.collective_end_ns is None and allocation.allocation_id in handed
             and not (after is not None and ordered[after].size_bytes < 0)}
 
@@ -223,16 +228,20 @@ def _peaks_of(events: list[Allocation], ranges: dict[int, tuple[int, int]]) -> d
 # copy; or a buffer the caller has let go, as FSDP2 does with an all-gather's output once it is
 # copied out) the block is freed there. Such a block is taken as freed when the collective that
 # made it returns, or else, if it was handed to a collective, when the last operator that used
-# it returns; unless its address is used again before. A block never handed to a collective
-# whose free is not seen (an optimizer state) is live to the end.
+# it returns; unless its address is used again before. Having seen no free, the profiler gives
+# the next block allocated at that address the same allocation id, so only the uses before that
+# allocation are the block's own (torch 2.13's FSDP2 root all-gather output on 2 gloo ranks: a
+# later block's uses kept the 24 MiB output live through the head's backward, 12.75
+# MiB over the peak that FSDPMemTracker saw). A block never handed to a collective whose free
+# is not seen (an optimizer state) is live to the end.
 def with_unseen_frees(allocations: list[Allocation], uses: list[Use] = ()) -> list[Allocation]:
     """The events in time order, plus a free for every collective's block whose own free was
     not seen (see above)."""
     ordered = sorted(allocations, key=lambda a: a.time_ns)
-    last_use_ns: dict[int, int] = {}
+    use_ends: dict[int, list[int]] = defaultdict(list)
     handed: set[int] = set()
     for use in uses:
-        last_use_ns[use.allocation_id] = max(use.end_ns, last_use_ns.get(use.allocation_id, 0))
+        use_ends[use.allocation_id].append(use.end_ns)
         if use.collective:
             handed.add(use.allocation_id)
     following = _following_at_ptr(ordered)
@@ -245,7 +254,11 @@ def with_unseen_frees(allocations: list[Allocation], uses: list[Use] = ()) -> li
             continue  # its free was seen
         freed_ns = allocation.collective_end_ns
         if freed_ns is None and allocation.allocation_id in handed:
-            freed_ns = last_use_ns[allocation.allocation_id]
+            # Its own uses only: a block allocated at its address later carries its id too
+            # (the profiler saw no free between them), and its uses come after that allocation.
+            reused_ns = None if after is None else ordered[after].time_ns
+            freed_ns = max((end for end in use_ends[allocation.allocation_id] if reused_ns is None or end <= reused_ns),
+                           default=None)
         if freed_ns is None:
             continue  # live until its address is used again
         if after is not None and ordered[after].time_ns < freed_ns:
