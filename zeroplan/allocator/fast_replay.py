@@ -18,7 +18,10 @@ segments, no garbage collection), with the same result:
 - the frees after the trace's last allocation are not replayed: they change nothing a replay
   reports (_last_allocation_end).
 
-Every other setting goes through replay.replay, which stays the oracle
+Expandable segments without garbage collection (torchtitan's launch default) replay in a loop of
+their own on DeviceAllocator's blocks and pools (_replay_expandable: malloc's and free's steps and
+the pages' mapping inline, a new segment and a refused device allocation DeviceAllocator's). Every
+other setting goes through replay.replay, which stays the oracle
 (MemoryAssumptions.exact_allocator); benchmarks/allocator_fast_sweep.py compares the two.
 
 Why a repeated period may be applied in one step. Let a period (the ops between two marks)
@@ -580,7 +583,7 @@ def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int,
             pool = small_pool if small else large_pool
             keys, by_key = pool.keys, pool.by_key
             # get_free_block, with expandable segments' walk to a later candidate that grows less.
-            at = search(keys, (stream << stream_shift) | (size << size_shift))
+            at = search(keys, (stream << stream_shift) | (size << size_shift) if stream else size << size_shift)
             block = None
             if at < len(keys) and keys[at] >> stream_shift == stream:
                 block = by_key[keys[at]]
@@ -625,7 +628,9 @@ def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int,
                 remaining.prev = block
                 remaining.ptr += size
                 remaining.size = remaining_bytes
-                key = (remaining.stream << stream_shift) | (remaining_bytes << size_shift) | remaining.ptr
+                key = (remaining_bytes << size_shift) | remaining.ptr
+                if remaining.stream:
+                    key |= remaining.stream << stream_shift
                 add(keys, key)
                 by_key[key] = remaining
             block.allocated = True
@@ -655,7 +660,9 @@ def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int,
             before, after = block.prev, block.next
             if before is not None and not before.allocated and before.mapped and not before.event_count \
                     and not before.stream_uses:
-                key = (before.stream << stream_shift) | (before.size << size_shift) | before.ptr
+                key = (before.size << size_shift) | before.ptr
+                if before.stream:
+                    key |= before.stream << stream_shift
                 del keys[search(keys, key)]
                 del by_key[key]
                 block.ptr = before.ptr
@@ -665,14 +672,18 @@ def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int,
                 block.size += before.size
             if after is not None and not after.allocated and after.mapped and not after.event_count \
                     and not after.stream_uses:
-                key = (after.stream << stream_shift) | (after.size << size_shift) | after.ptr
+                key = (after.size << size_shift) | after.ptr
+                if after.stream:
+                    key |= after.stream << stream_shift
                 del keys[search(keys, key)]
                 del by_key[key]
                 block.next = following_block = after.next
                 if following_block is not None:
                     following_block.prev = block
                 block.size += after.size
-            key = (block.stream << stream_shift) | (block.size << size_shift) | block.ptr
+            key = (block.size << size_shift) | block.ptr
+            if block.stream:
+                key |= block.stream << stream_shift
             add(keys, key)
             by_key[key] = block
         elif kind == RECORD_OP:
@@ -721,7 +732,9 @@ def _allocate_expandable(device: DeviceAllocator, pool, stream: int, size: int) 
         candidate = following
     # Pool.remove.
     keys = pool.keys
-    key = (candidate.stream << STREAM_SHIFT) | (candidate.size << SIZE_SHIFT) | candidate.ptr
+    key = (candidate.size << SIZE_SHIFT) | candidate.ptr
+    if candidate.stream:
+        key |= candidate.stream << STREAM_SHIFT
     del keys[bisect_left(keys, key)]
     del pool.by_key[key]
     return candidate
@@ -761,7 +774,9 @@ def _map_expandable(device: DeviceAllocator, block: Block, size: int, pool) -> b
     before = block.prev
     if before is not None and not before.allocated and not before.event_count and not before.stream_uses \
             and before.mapped:
-        key = (before.stream << STREAM_SHIFT) | (before.size << SIZE_SHIFT) | before.ptr
+        key = (before.size << SIZE_SHIFT) | before.ptr
+        if before.stream:
+            key |= before.stream << STREAM_SHIFT
         del keys[bisect_left(keys, key)]
         del by_key[key]
         block.ptr = before.ptr
@@ -772,7 +787,9 @@ def _map_expandable(device: DeviceAllocator, block: Block, size: int, pool) -> b
     after = block.next
     if after is not None and not after.allocated and not after.event_count and not after.stream_uses \
             and after.mapped:
-        key = (after.stream << STREAM_SHIFT) | (after.size << SIZE_SHIFT) | after.ptr
+        key = (after.size << SIZE_SHIFT) | after.ptr
+        if after.stream:
+            key |= after.stream << STREAM_SHIFT
         del keys[bisect_left(keys, key)]
         del by_key[key]
         block.next = following = after.next
@@ -781,7 +798,9 @@ def _map_expandable(device: DeviceAllocator, block: Block, size: int, pool) -> b
         block.size += after.size
     # Pool.insert, then _reserve.
     block.gc_base = pool.gc_calls
-    key = (block.stream << STREAM_SHIFT) | (block.size << SIZE_SHIFT) | block.ptr
+    key = (block.size << SIZE_SHIFT) | block.ptr
+    if block.stream:
+        key |= block.stream << STREAM_SHIFT
     insort(keys, key)
     by_key[key] = block
     device.reserved = reserved = device.reserved + mapped
