@@ -48,7 +48,7 @@ from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.device import ADDRESS_ALIGN_BYTES, DeviceAllocator, _expandable_size
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, Ops, ReplayResult, replay, run_ops
 from zeroplan.allocator.rules import MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, allocation_size, block_may_serve, round_size
-from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block
+from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block, Pool
 
 
 MAX_MISSES = 2
@@ -589,7 +589,8 @@ def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int,
                 block = by_key[keys[at]]
                 if block.segment is not None:
                     following = at + 1
-                    while block.segment is not None and following < len(keys) and keys[following] >> stream_shift == stream:
+                    while (block.segment is not None and following < len(keys)
+                           and keys[following] >> stream_shift == stream):
                         candidate = by_key[keys[following]]
                         if _expandable_size(candidate) >= _expandable_size(block):
                             break
@@ -701,7 +702,7 @@ def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int,
 # map_block inline (what _alloc_block runs first where neither a fraction cap nor garbage
 # collection is set): the same steps on the same blocks and pools, about a third of an
 # expandable replay's time as method calls. A new segment is DeviceAllocator's.
-def _allocate_expandable(device: DeviceAllocator, pool, stream: int, size: int) -> Block | None:  # type: ignore[no-untyped-def]
+def _allocate_expandable(device: DeviceAllocator, pool: Pool, stream: int, size: int) -> Block | None:
     """device._try_allocate_expandable_block(pool, stream, size)."""
     # find_expandable_block: the stream's unmapped blocks, lowest address first (Pool.unmapped_of).
     unmapped_keys, unmapped = pool.unmapped_keys, pool.unmapped
@@ -740,7 +741,7 @@ def _allocate_expandable(device: DeviceAllocator, pool, stream: int, size: int) 
     return candidate
 
 
-def _map_expandable(device: DeviceAllocator, block: Block, size: int, pool) -> bool:  # type: ignore[no-untyped-def]
+def _map_expandable(device: DeviceAllocator, block: Block, size: int, pool: Pool) -> bool:
     """device._map_block(block, size, pool) without a fraction cap, its calls inline."""
     segment = block.segment
     page = segment.page
