@@ -137,9 +137,9 @@ EXPANDABLE_CONFS = ("expandable_segments:True", "expandable_segments:True,max_sp
 def test_expandable_segments_give_the_oracles_result_on_every_capacity(saved_parts, crumbs, conf, monkeypatch) -> None:
     b = _loop(40 * MiB, blocks=24, crumbs=crumbs, saved_parts=saved_parts)
     config = parse_alloc_conf(conf)
-    capacities = (None, *range(*(lambda u: (u.allocated_peak_bytes - 600 * MiB, u.reserved_peak_bytes + 2 * MiB,
-                                            (u.reserved_peak_bytes - u.allocated_peak_bytes + 602 * MiB) // 37))(
-        replay(b.ops, config))))
+    unlimited = replay(b.ops, config)
+    low, high = unlimited.allocated_peak_bytes - 600 * MiB, unlimited.reserved_peak_bytes + 2 * MiB
+    capacities = (None, *range(low, high, (high - low) // 37))
     expected = [replay(b.ops, config, capacity) for capacity in capacities]
     # The loop's own, not the oracle's.
     monkeypatch.setattr(fast_replay, "replay", lambda *args: pytest.fail("replayed by the oracle"))
