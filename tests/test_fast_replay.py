@@ -117,7 +117,65 @@ def test_the_frees_after_the_last_allocation_are_not_replayed(monkeypatch) -> No
 
 def test_settings_outside_the_fused_loop_replay_as_the_oracle() -> None:
     b = _loop(40 * MiB, crumbs=True)
-    for conf in ("expandable_segments:True", "garbage_collection_threshold:0.6"):
+    for conf in ("expandable_segments:True", "garbage_collection_threshold:0.6",
+                 "expandable_segments:True,garbage_collection_threshold:0.6"):
         config = parse_alloc_conf(conf)
         for capacity in _capacities(b, conf):
             assert replay_ops(b.ops, config, capacity, b.marks) == replay(b.ops, config, capacity)
+
+
+EXPANDABLE_CONFS = ("expandable_segments:True", "expandable_segments:True,max_split_size_mb:128",
+                    "expandable_segments:True,roundup_power2_divisions:4")
+
+
+# Expandable segments replay in their own loop (fast_replay._replay_expandable: DeviceAllocator's
+# blocks, malloc's and free's steps inline, find_expandable_block and map_block inline): the
+# oracle's result wherever pages are mapped, a refusal releases the cache (unmapping pages) and
+# retries, or the step runs out.
+@pytest.mark.parametrize(("saved_parts", "crumbs"), [((), False), ((), True), ((7 * MiB,), False), ((3 * MiB,), False)])
+@pytest.mark.parametrize("conf", EXPANDABLE_CONFS)
+def test_expandable_segments_give_the_oracles_result_on_every_capacity(saved_parts, crumbs, conf, monkeypatch) -> None:
+    b = _loop(40 * MiB, blocks=24, crumbs=crumbs, saved_parts=saved_parts)
+    config = parse_alloc_conf(conf)
+    unlimited = replay(b.ops, config)
+    low, high = unlimited.allocated_peak_bytes - 600 * MiB, unlimited.reserved_peak_bytes + 2 * MiB
+    capacities = (None, *range(low, high, (high - low) // 37))
+    expected = [replay(b.ops, config, capacity) for capacity in capacities]
+    # The loop's own, not the oracle's.
+    monkeypatch.setattr(fast_replay, "replay", lambda *args: pytest.fail("replayed by the oracle"))
+    assert [replay_ops(b.ops, config, capacity, b.marks) for capacity in capacities] == expected
+    assert any(not result.completed for result in expected) and any(result.alloc_retries for result in expected)
+
+
+# Random steps on four streams with recorded streams (a block freed while another stream uses it
+# waits for a synchronisation), synchronisations and emptied caches among the allocations and
+# frees, on capacities from below the allocated peak to past the reserved peak.
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("conf", EXPANDABLE_CONFS)
+def test_expandable_segments_with_streams_and_synchronisations(seed: int, conf: str) -> None:
+    import random
+
+    from zeroplan.allocator.replay import ALLOC_OP, EMPTY_OP, FREE_OP, RECORD_OP, SYNC_OP
+
+    rng = random.Random(seed)
+    ops, alive, ident = [], [], 0
+    for _ in range(600):
+        roll = rng.random()
+        if roll < 0.5 or not alive:
+            ident += 1
+            size = rng.choice((rng.randrange(1, 4096), rng.randrange(1, 2 * MiB), rng.randrange(1, 64 * MiB)))
+            ops.append((ALLOC_OP, ident, size, rng.choice((0, 0, 1, 2))))
+            alive.append(ident)
+        elif roll < 0.9:
+            ops.append((FREE_OP, alive.pop(rng.randrange(len(alive))), 0, 0))
+        elif roll < 0.95:
+            ops.append((RECORD_OP, rng.choice(alive), 0, rng.randrange(4)))
+        elif roll < 0.99:
+            ops.append((SYNC_OP, 0, 0, 0))
+        else:
+            ops.append((EMPTY_OP, 0, 0, 0))
+    config = parse_alloc_conf(conf)
+    unlimited = replay(ops, config)
+    low, high = unlimited.allocated_peak_bytes // 2, unlimited.reserved_peak_bytes + 4 * MiB
+    for capacity in (None, *range(low, high, max((high - low) // 23, 1))):
+        assert replay_ops(ops, config, capacity) == replay(ops, config, capacity)

@@ -18,7 +18,10 @@ segments, no garbage collection), with the same result:
 - the frees after the trace's last allocation are not replayed: they change nothing a replay
   reports (_last_allocation_end).
 
-Every other setting goes through replay.replay, which stays the oracle
+Expandable segments without garbage collection (torchtitan's launch default) replay in a loop of
+their own on DeviceAllocator's blocks and pools (_replay_expandable: malloc's and free's steps and
+the pages' mapping inline, a new segment and a refused device allocation DeviceAllocator's). Every
+other setting goes through replay.replay, which stays the oracle
 (MemoryAssumptions.exact_allocator); benchmarks/allocator_fast_sweep.py compares the two.
 
 Why a repeated period may be applied in one step. Let a period (the ops between two marks)
@@ -38,14 +41,14 @@ oracle's."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 
 from zeroplan.allocator.config import AllocatorConfig
-from zeroplan.allocator.device import ADDRESS_ALIGN_BYTES, DeviceAllocator
-from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay, run_ops
+from zeroplan.allocator.device import ADDRESS_ALIGN_BYTES, DeviceAllocator, _expandable_size
+from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, Ops, ReplayResult, replay, run_ops
 from zeroplan.allocator.rules import MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, allocation_size, block_may_serve, round_size
-from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block
+from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block, Pool
 
 
 MAX_MISSES = 2
@@ -72,8 +75,12 @@ def fused_applies(config: AllocatorConfig) -> bool:
 def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = None,
                marks: Sequence[int] = ()) -> ReplayResult:
     """replay.replay(ops, config, capacity_bytes), the fused loop and the periods between
-    ``marks`` (op indices, ascending: TraceBuilder.marks) where they apply."""
+    ``marks`` (op indices, ascending: TraceBuilder.marks) where they apply; under expandable
+    segments (without garbage collection) DeviceAllocator's own blocks in one loop
+    (_replay_expandable)."""
     if not fused_applies(config):
+        if config.expandable_segments and config.garbage_collection_threshold == 0.0:
+            return _replay_expandable(ops, config, capacity_bytes)
         return replay(ops, config, capacity_bytes)
     device = DeviceAllocator(config, capacity_bytes)
     live: dict = {}
@@ -514,3 +521,291 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
     device.allocated_peak, device.requested_peak, device.reserved_peak = allocated_peak, requested_peak, reserved_peak
     device.next_address, device.device_allocs = next_address, device_allocs
     return stop
+
+
+# Expandable segments (torchtitan's launch default) keep DeviceAllocator's own Blocks and pools:
+# a cache miss maps pages into the stream's segment (_alloc_new_block, find_expandable_block,
+# map_block, and the release of the cache and the retry where the device refuses), which this
+# loop leaves to DeviceAllocator. What it runs itself is what every other event is: malloc's
+# get_free_block and alloc_found_block and free's free_block with try_merge_blocks, the same
+# steps in the same order on the same objects (device.py's methods, marked where each is
+# inlined), without two to four method calls an event. Without garbage collection no block's age
+# is read, so it is not kept; a recorded stream, a synchronisation and an emptied cache are
+# DeviceAllocator's methods on the same blocks.
+def _replay_expandable(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None) -> ReplayResult:
+    """replay.replay(ops, config, capacity_bytes) under expandable segments and no garbage
+    collection (the same result: benchmarks/allocator_fast_sweep.py)."""
+    device = DeviceAllocator(config, capacity_bytes)
+    live: dict[int, Block] = {}
+    oom = _run_expandable(device, ops, _last_allocation_end(ops), live)
+    result = ReplayResult.trusted(
+        completed=oom is None, oom_event_index=oom, oom_request_bytes=None if oom is None else ops[oom][2],
+        requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
+        reserved_peak_bytes=device.reserved_peak, device_alloc_calls=device.device_allocs,
+        device_free_calls=device.device_frees, alloc_retries=device.retries, device_refusals=device.refusals,
+        events_replayed=len(ops) if oom is None else oom,
+    )
+    # The blocks' links are cycles (prev, next): broken here, they go with the replay
+    # (_unlink's reason).
+    for pool in (device.small_pool, device.large_pool):
+        for blocks in (pool.by_key.values(), pool.unmapped.values()):
+            for block in blocks:
+                block.prev = block.next = None
+    for blocks in (live.values(), device.pending):
+        for block in blocks:
+            block.prev = block.next = None
+    return result
+
+
+def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int, Block]) -> int | None:
+    """run_ops(device, ops[:end]) for expandable segments without garbage collection, malloc's
+    and free's steps inline: the index of the request that ran out of memory, or None."""
+    config = device.config
+    small_pool, large_pool = device.small_pool, device.large_pool
+    rounded = device._rounded
+    split_limited = device.split_limited
+    stream_shift, size_shift, small_size, min_block = STREAM_SHIFT, SIZE_SHIFT, SMALL_SIZE_BYTES, MIN_BLOCK_BYTES
+    search, add = bisect_left, insort
+    alloc_op, free_op = ALLOC_OP, FREE_OP
+    allocated, requested = device.allocated, device.requested
+    allocated_peak, requested_peak = device.allocated_peak, device.requested_peak
+    forget = live.pop
+    new_block = object.__new__
+    oom = None
+    for index in range(end):
+        kind, ident, size_bytes, stream = ops[index]
+        if kind == alloc_op:
+            # DeviceAllocator.malloc (no garbage collection: no get_free_block clock).
+            size = rounded.get(size_bytes)
+            if size is None:
+                size = rounded[size_bytes] = round_size(size_bytes, config)
+            small = size <= small_size
+            pool = small_pool if small else large_pool
+            keys, by_key = pool.keys, pool.by_key
+            # get_free_block, with expandable segments' walk to a later candidate that grows less.
+            at = search(keys, (stream << stream_shift) | (size << size_shift) if stream else size << size_shift)
+            block = None
+            if at < len(keys) and keys[at] >> stream_shift == stream:
+                block = by_key[keys[at]]
+                if block.segment is not None:
+                    following = at + 1
+                    while (block.segment is not None and following < len(keys)
+                           and keys[following] >> stream_shift == stream):
+                        candidate = by_key[keys[following]]
+                        if _expandable_size(candidate) >= _expandable_size(block):
+                            break
+                        block, at = candidate, following
+                        following += 1
+                if split_limited and not block_may_serve(block.size, size, config):
+                    block = None
+                else:
+                    del by_key[keys[at]]
+                    del keys[at]
+            if block is None:
+                # _alloc_new_block: alloc_block (no fraction cap, no garbage collection: pages
+                # mapped at once), else what DeviceAllocator does after a refusal.
+                block = _allocate_expandable(device, pool, stream, size) or (
+                    (device._release_available_cached_blocks(pool, stream, size)
+                     and device._alloc_block(pool, stream, size, allocation_size(size), retry=False))
+                    or (device._release_cached_blocks()
+                        and device._alloc_block(pool, stream, size, allocation_size(size), retry=True)))
+                if not block:
+                    oom = index
+                    break
+            # alloc_found_block: under expandable segments a split wherever 512 bytes or more remain.
+            remaining_bytes = block.size - size
+            if remaining_bytes >= min_block:
+                # The front split off: Block(...) with every slot as its __init__ sets it, then
+                # allocated, without the call.
+                remaining = block
+                block = new_block(Block)
+                block.stream, block.size, block.ptr = remaining.stream, size, remaining.ptr
+                block.small, block.segment, block.mapped = remaining.small, remaining.segment, True
+                block.event_count, block.stream_uses, block.gc_base = 0, (), 0
+                block.prev = before = remaining.prev
+                if before is not None:
+                    before.next = block
+                block.next = remaining
+                remaining.prev = block
+                remaining.ptr += size
+                remaining.size = remaining_bytes
+                key = (remaining_bytes << size_shift) | remaining.ptr
+                if remaining.stream:
+                    key |= remaining.stream << stream_shift
+                add(keys, key)
+                by_key[key] = remaining
+            block.allocated = True
+            block.requested = size_bytes
+            allocated += block.size
+            requested += size_bytes
+            if allocated > allocated_peak:
+                allocated_peak = allocated
+            if requested > requested_peak:
+                requested_peak = requested
+            live[ident] = block
+        elif kind == free_op:
+            # DeviceAllocator.free.
+            block = forget(ident)
+            block.allocated = False
+            allocated -= block.size
+            requested -= block.requested
+            if block.stream_uses:
+                block.event_count = len(block.stream_uses)
+                block.stream_uses = ()
+                device.pending.append(block)
+                continue
+            # free_block, try_merge_blocks inline: a freed block is mapped, so only a mapped
+            # available neighbour merges (an unmapped one differs in mapped).
+            pool = small_pool if block.small else large_pool
+            keys, by_key = pool.keys, pool.by_key
+            before, after = block.prev, block.next
+            if before is not None and not before.allocated and before.mapped and not before.event_count \
+                    and not before.stream_uses:
+                key = (before.size << size_shift) | before.ptr
+                if before.stream:
+                    key |= before.stream << stream_shift
+                del keys[search(keys, key)]
+                del by_key[key]
+                block.ptr = before.ptr
+                block.prev = preceding = before.prev
+                if preceding is not None:
+                    preceding.next = block
+                block.size += before.size
+            if after is not None and not after.allocated and after.mapped and not after.event_count \
+                    and not after.stream_uses:
+                key = (after.size << size_shift) | after.ptr
+                if after.stream:
+                    key |= after.stream << stream_shift
+                del keys[search(keys, key)]
+                del by_key[key]
+                block.next = following_block = after.next
+                if following_block is not None:
+                    following_block.prev = block
+                block.size += after.size
+            key = (block.size << size_shift) | block.ptr
+            if block.stream:
+                key |= block.stream << stream_shift
+            add(keys, key)
+            by_key[key] = block
+        elif kind == RECORD_OP:
+            device.record_stream(live[ident], stream)
+        elif kind == SYNC_OP:
+            device.synchronize()
+        else:
+            device.empty_cache()
+    device.allocated, device.requested = allocated, requested
+    device.allocated_peak, device.requested_peak = allocated_peak, requested_peak
+    return oom
+
+
+# DeviceAllocator._try_allocate_expandable_block with find_expandable_block's search and
+# map_block inline (what _alloc_block runs first where neither a fraction cap nor garbage
+# collection is set): the same steps on the same blocks and pools, about a third of an
+# expandable replay's time as method calls. A new segment is DeviceAllocator's.
+def _allocate_expandable(device: DeviceAllocator, pool: Pool, stream: int, size: int) -> Block | None:
+    """device._try_allocate_expandable_block(pool, stream, size)."""
+    # find_expandable_block: the stream's unmapped blocks, lowest address first (Pool.unmapped_of).
+    unmapped_keys, unmapped = pool.unmapped_keys, pool.unmapped
+    candidate = None
+    for at in range(bisect_left(unmapped_keys, (stream, -1)), len(unmapped_keys)):
+        key_stream, ptr = unmapped_keys[at]
+        if key_stream != stream:
+            break
+        found = unmapped[ptr]
+        before = found.prev
+        if before is not None and not before.allocated and not before.event_count and not before.stream_uses:
+            found = before
+        room, walk = 0, found
+        while room < size and walk is not None and not walk.allocated and not walk.event_count and not walk.stream_uses:
+            room += walk.size
+            walk = walk.next
+        if room >= size:
+            candidate = found
+            break
+    if candidate is None:
+        candidate = device._find_expandable_block(pool, stream, size)  # a new segment (the search fails again)
+    if not candidate.mapped and not _map_expandable(device, candidate, min(candidate.size, size), pool):
+        return None
+    while candidate.size < size:
+        following = candidate.next
+        if not _map_expandable(device, following, min(size - candidate.size, following.size), pool):
+            return None
+        candidate = following
+    # Pool.remove.
+    keys = pool.keys
+    key = (candidate.size << SIZE_SHIFT) | candidate.ptr
+    if candidate.stream:
+        key |= candidate.stream << STREAM_SHIFT
+    del keys[bisect_left(keys, key)]
+    del pool.by_key[key]
+    return candidate
+
+
+def _map_expandable(device: DeviceAllocator, block: Block, size: int, pool: Pool) -> bool:
+    """device._map_block(block, size, pool) without a fraction cap, its calls inline."""
+    segment = block.segment
+    page = segment.page
+    offset = block.ptr - segment.base
+    mapped = (-(-(offset + size) // page) - offset // page) * page
+    if mapped == 0:
+        return False
+    # _grants.
+    after_bytes = device.reserved + mapped
+    if after_bytes > device.capacity:
+        device.refusals += 1
+        if after_bytes < device.path_ceiling:
+            device.path_ceiling = after_bytes
+        return False
+    if after_bytes > device.path_floor:
+        device.path_floor = after_bytes
+    # Pool.remove_unmapped.
+    unmapped_keys = pool.unmapped_keys
+    del unmapped_keys[bisect_left(unmapped_keys, (block.stream, block.ptr))]
+    del pool.unmapped[block.ptr]
+    block.mapped = True
+    if mapped < block.size:
+        rest = Block(block.stream, block.size - mapped, block.ptr + mapped, block.small, segment)
+        rest.mapped = False
+        rest.splice(block, block.next)
+        insort(unmapped_keys, (rest.stream, rest.ptr))
+        pool.unmapped[rest.ptr] = rest
+        block.size = mapped
+    keys, by_key = pool.keys, pool.by_key
+    # try_merge_blocks with the block before, then after: only a mapped available one merges.
+    before = block.prev
+    if before is not None and not before.allocated and not before.event_count and not before.stream_uses \
+            and before.mapped:
+        key = (before.size << SIZE_SHIFT) | before.ptr
+        if before.stream:
+            key |= before.stream << STREAM_SHIFT
+        del keys[bisect_left(keys, key)]
+        del by_key[key]
+        block.ptr = before.ptr
+        block.prev = preceding = before.prev
+        if preceding is not None:
+            preceding.next = block
+        block.size += before.size
+    after = block.next
+    if after is not None and not after.allocated and not after.event_count and not after.stream_uses \
+            and after.mapped:
+        key = (after.size << SIZE_SHIFT) | after.ptr
+        if after.stream:
+            key |= after.stream << STREAM_SHIFT
+        del keys[bisect_left(keys, key)]
+        del by_key[key]
+        block.next = following = after.next
+        if following is not None:
+            following.prev = block
+        block.size += after.size
+    # Pool.insert, then _reserve.
+    block.gc_base = pool.gc_calls
+    key = (block.size << SIZE_SHIFT) | block.ptr
+    if block.stream:
+        key |= block.stream << STREAM_SHIFT
+    insort(keys, key)
+    by_key[key] = block
+    device.reserved = reserved = device.reserved + mapped
+    if reserved > device.reserved_peak:
+        device.reserved_peak = reserved
+    device.device_allocs += 1
+    return True

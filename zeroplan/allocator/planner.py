@@ -17,7 +17,6 @@ benchmarks/allocator_fast_sweep.py compares it with)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -60,18 +59,23 @@ class PlannedVerdict(Frozen):
     the usable memory (a capacity the step completes on with 2 MiB less failing); else None."""
 
 
-@dataclass
+# The two records below are plain classes, not dataclasses: CPython 3.11's dataclasses compiles
+# source text for each method it writes (about 4 million instructions of each command's start for
+# these two, callgrind), and nothing compares, prints or copies them.
 class _StepReplays:
     """One request's step trace and the replays made of it so far."""
 
-    ops: Ops
-    shortfall_bytes: int
-    """What the planner's allocated peak counts beyond the schedule's own requested peak (its
-    moments count the largest unit for every unit): added to what the allocator needs, never
-    taken from it."""
-    config: AllocatorConfig
-    results: dict[int | None, ReplayResult] = field(default_factory=dict)
-    """Device capacity in bytes (None: no limit) -> the replay on it."""
+    __slots__ = ("ops", "shortfall_bytes", "config", "results")
+
+    def __init__(self, ops: Ops, shortfall_bytes: int, config: AllocatorConfig) -> None:
+        self.ops = ops
+        self.shortfall_bytes = shortfall_bytes
+        """What the planner's allocated peak counts beyond the schedule's own requested peak (its
+        moments count the largest unit for every unit): added to what the allocator needs, never
+        taken from it."""
+        self.config = config
+        self.results: dict[int | None, ReplayResult] = {}
+        """Device capacity in bytes (None: no limit) -> the replay on it."""
 
     def on(self, capacity_bytes: int | None) -> ReplayResult:
         found = self.results.get(capacity_bytes)
@@ -80,27 +84,31 @@ class _StepReplays:
         return found
 
 
-@dataclass
 class _Shape:
     """What is known of one trace under one allocator setting, whichever request built it: the
     least memory any replay of it needs, what it reserves without a device limit once a replay
     has shown it, and each capacity's outcome (completed, reserved peak)."""
 
-    floor_bytes: int
-    """rounded_requested_peak_bytes: on less, no replay completes."""
-    requested_peak_bytes: int
-    """The most requested bytes alive at once over the trace."""
-    capacity_independent: bool
-    """No garbage collection (it acts against the capacity even where nothing is refused)."""
-    largest_request_bytes: int
-    """The largest request of the trace (0 where it has none): allocator_largest_segment_bytes
-    reads it instead of building the trace again."""
-    unlimited_peak_bytes: int | None = None
-    """The reserved peak without a device limit, once a replay has gone without a refusal."""
-    outcomes: dict[int | None, tuple[bool, int]] = field(default_factory=dict)
-    band_scans: dict[tuple[int, int, bool], BandScan] = field(default_factory=dict)
-    """(low, high capacities, the verdict on the usable memory) -> the band scan between them
-    for the other outcome (allocator_turns_in_band)."""
+    __slots__ = ("floor_bytes", "requested_peak_bytes", "capacity_independent", "largest_request_bytes",
+                 "unlimited_peak_bytes", "outcomes", "band_scans")
+
+    def __init__(self, floor_bytes: int, requested_peak_bytes: int, capacity_independent: bool,
+                 largest_request_bytes: int) -> None:
+        self.floor_bytes = floor_bytes
+        """rounded_requested_peak_bytes: on less, no replay completes."""
+        self.requested_peak_bytes = requested_peak_bytes
+        """The most requested bytes alive at once over the trace."""
+        self.capacity_independent = capacity_independent
+        """No garbage collection (it acts against the capacity even where nothing is refused)."""
+        self.largest_request_bytes = largest_request_bytes
+        """The largest request of the trace (0 where it has none): allocator_largest_segment_bytes
+        reads it instead of building the trace again."""
+        self.unlimited_peak_bytes: int | None = None
+        """The reserved peak without a device limit, once a replay has gone without a refusal."""
+        self.outcomes: dict[int | None, tuple[bool, int]] = {}
+        self.band_scans: dict[tuple[int, int, bool], BandScan] = {}
+        """(low, high capacities, the verdict on the usable memory) -> the band scan between them
+        for the other outcome (allocator_turns_in_band)."""
 
 
 # A frozen spec of its string alone; parsing and validating it again cost ~35 us a verdict
