@@ -30,6 +30,11 @@ ARGVS = (
     ["llama-2-7b", "--gpus", "16", "--gpu", "a100-80gb", "--micro-batch", "1", "--seq-len", "4096", "--lora-rank", "16"],
     ["llama-3.1-8b", "--framework", "litgpt", "--gpus", "8", "--gpu", "h100-80gb", "--micro-batch", "2",
      "--seq-len", "2048", "--grad-accum", "2"],
+    # FSDP's no_sync accumulation: each step two micro-batches, the unsharded gradients held.
+    ["llama-2-7b", "--framework", "litgpt", "--gpus", "8", "--gpu", "a100-80gb", "--micro-batch", "2",
+     "--seq-len", "1024", "--grad-accum", "4", "--keep-unsharded-grads-on-accum"],
+    ["llama-2-7b", "--framework", "hf", "--gpus", "8", "--gpu", "a100-80gb", "--micro-batch", "2",
+     "--seq-len", "1024", "--grad-accum", "4", "--torch-release", "2.1"],
 )
 
 
