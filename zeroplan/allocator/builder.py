@@ -132,6 +132,64 @@ class TraceBuilder:
             rounded -= (size + _ROUND) & _MASK
         self._alive, self._alive_rounded = alive, rounded
 
+    def step_start(self) -> tuple[int, ...]:
+        """Where a step that repeat_step may record again begins (its ``start``): op index, id,
+        mark count, the bytes alive, their rounded total and the peaks so far, which start
+        again from here (-1: no allocation yet) until repeat_step."""
+        start = (len(self.ops), self.next_id, len(self.marks), self._alive, self._alive_rounded,
+                 self.requested_peak_bytes, self.rounded_peak_bytes)
+        self.requested_peak_bytes = self.rounded_peak_bytes = -1
+        return start
+
+    def once_start(self) -> tuple[int, int, int, int]:
+        """Before the allocations only the first step makes (repeat_step's ``once``): op index,
+        id and the step's peaks so far (-1: none), which start again from here."""
+        once = len(self.ops), self.next_id, self.requested_peak_bytes, self.rounded_peak_bytes
+        self.requested_peak_bytes = self.rounded_peak_bytes = -1
+        return once
+
+    def repeat_step(self, start: tuple[int, ...], once: tuple[int, int, int, int], once_end: tuple[int, int]) -> bool:
+        """Record again the step recorded since ``start`` (step_start), as recording the same
+        calls again would, less the allocations made between ``once`` (once_start) and
+        ``once_end`` (op index and id there), which the first step alone makes and never
+        frees; False, recording nothing, where the step does not qualify: it frees an id it
+        did not allocate or one made once, or leaves allocated more than those. The ids are
+        shifted past the step. The bytes alive follow the first step's, raised by what it
+        made once until it made them: the repeat's peaks (taken at each allocation call, as
+        the builder takes them) are the first step's before ``once`` raised by those bytes,
+        and its own from ``once`` on."""
+        op_start, id_start, mark_start, alive_start, rounded_start, requested_peak, rounded_peak = start
+        op_from, id_from, requested_before, rounded_before = once
+        op_to, id_to = once_end
+        requested_after, rounded_after = self.requested_peak_bytes, self.rounded_peak_bytes
+        self.requested_peak_bytes = max(requested_peak, requested_before, requested_after)
+        self.rounded_peak_bytes = max(rounded_peak, rounded_before, rounded_after)
+        ops, sizes = self.ops, self._sizes
+        op_end, id_end = len(ops), self.next_id
+        held = sum(sizes[id_from:id_to])
+        held_rounded = sum((size + _ROUND) & _MASK for size in sizes[id_from:id_to])
+        if self._alive != alive_start + held or self._alive_rounded != rounded_start + held_rounded:
+            return False
+        for kind, ident, _, _ in ops[op_start:op_end]:
+            if kind != ALLOC_OP and (kind != FREE_OP or not id_start <= ident < id_end or id_from <= ident < id_to):
+                return False
+        shift = id_end - id_start
+        late_shift = shift - (id_to - id_from)
+        append = ops.append
+        for kind, ident, size, stream in ops[op_start:op_from]:
+            append((kind, ident + shift, size, stream))
+        for kind, ident, size, stream in ops[op_to:op_end]:
+            append((kind, ident + (shift if ident < id_from else late_shift), size, stream))
+        sizes.extend(sizes[id_start:id_from])
+        sizes.extend(sizes[id_to:id_end])
+        self.next_id = id_end + late_shift
+        removed, offset = op_to - op_from, op_end - op_start
+        self.marks.extend([mark + offset - (removed if mark >= op_to else 0) for mark in self.marks[mark_start:]])
+        if requested_before >= 0:
+            self.requested_peak_bytes = max(self.requested_peak_bytes, requested_before + held)
+            self.rounded_peak_bytes = max(self.rounded_peak_bytes, rounded_before + held_rounded)
+        return True
+
     def largest_request_bytes(self) -> int:
         """The largest request recorded (0 where there is none)."""
         return max(self._sizes, default=0)

@@ -337,11 +337,13 @@ def fsdp1_root_held(request: PlanRequest) -> bool:
     return fsdp1_root_stays_gathered(request) and not fsdp_separates_embedding_and_head(request)
 
 
-def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
+def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder", copy_second_step: bool = True) -> None:
     """One step under FSDP2 full sharding, recorded in ``b`` (an empty builder), from the step's
     inputs alone (``x`` the common ones, schedule.StepInputs, not imported here: it holds ``f``;
     ``x.block_weights`` the bytes one block saves for backward, tensor by tensor,
-    as weights)."""
+    as weights). The second step is the first's ops again (TraceBuilder.repeat_step, where the
+    first frees all it makes but the optimizer states); without ``copy_second_step`` it is
+    recorded call by call (the same ops: tests/test_allocator_repeat_step.py)."""
     units = f.units
     separate = f.separate
     compute = f.compute
@@ -431,7 +433,10 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
     b.alloc_parts(split_bytes(x.parameter_bytes, [u.gathered_bytes for u in units]))
     b.alloc(x.resident_buffers)
 
-    def one_step(first_step: bool) -> None:
+    def one_step(first_step: bool) -> tuple | None:
+        """Record one step; the first returns where its optimizer states were made
+        (TraceBuilder.once_start's answer, then the op index and id after them)."""
+        made_once = None
         gradients = b.alloc_parts(split_bytes(carried, weights)) if accumulating and carried else []
         held = b.alloc(x.backward_held_buffers - x.draining_held_buffers)
         if not no_sync:
@@ -452,9 +457,12 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
 
         # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
         if first_step:
+            once = b.once_start() if copy_second_step else None
             b.alloc_parts(split_bytes(x.optimizer_state_bytes, weights))
+            made_once = once, (len(b.ops), b.next_id)
         b.free(b.alloc_parts(split_bytes(x.step_temporary, weights)))
         b.free(gradients)
+        return made_once
 
     def micro_batch(gradients: list[int]) -> None:
         """One micro-batch's forward and backward; the shards its reduce-scatters make join
@@ -626,8 +634,13 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             backward_gradients(0, root)
         b.free(pending_input)
 
-    one_step(True)
-    one_step(False)
+    # The second step makes and frees what the first does, in the same order, but the states
+    # the first made: recorded by copying the first's ops (about a third of the build's time
+    # for a step's thousands of per-parameter events), where the builder finds that it qualifies.
+    start = b.step_start() if copy_second_step else None
+    made_once = one_step(True)
+    if start is None or not b.repeat_step(start, *made_once):
+        one_step(False)
 
 
 # FSDP's CPU offload, torch 2.13: FSDP1's FlatParamHandle.pre_unshard (fsdp/_flat_param.py:1335-
