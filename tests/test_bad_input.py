@@ -137,6 +137,9 @@ def _write_fixtures(root: Path) -> None:
     (root / "records" / "rank00000.json").write_text(json.dumps({**record, "steps": []}))
     (root / "negative.json").write_text(json.dumps({**record, "rank": -1}))
     (root / "notjson.json").write_text("{")
+    # Nested past the JSON decoder's recursion: a RecursionError escaped the DeepSpeed-config and
+    # efficiency readers.
+    (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
 
 
 # (entry point, argv, the field the one line must name)
@@ -177,6 +180,18 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "no-such-model"], "model"),
     ("fit", ["fit", "gpt2", "--gpu", "missing.json"], "gpu"),
     ("fit", ["fit", "gpt2", "--hfu", "1.5"], "hfu"),
+    ("fit", ["fit", "gpt2", "--deepspeed-config", "deep.json"], "--deepspeed-config"),
+    ("fit", ["fit", "gpt2", "--efficiency", "deep.json"], "--efficiency"),
+    # A strategy outside the default set that --strategies does not name: a KeyError.
+    ("fit", ["fit", "gpt2", "--explain", "zero3-nvme"], "--explain"),
+    ("compare", ["compare", "gpt2", "--explain", "zero3-hpz"], "--explain"),
+    # '--flag=--': argparse 3.11 strips the '--' and stores [] untyped and unchecked, which was
+    # a traceback (--host, --gpu, --strategies) or a silent default (--precision, --emit).
+    ("fit", ["fit", "gpt2", "--host=--"], "--host"),
+    ("fit", ["fit", "gpt2", "--gpu=--"], "--gpu"),
+    ("fit", ["fit", "gpt2", "--precision=--"], "--precision"),
+    ("plan", ["plan", "gpt2", "--global-batch", "8", "--emit=--"], "--emit"),
+    ("validate", ["validate", "negative.json", "--plot=--"], "--plot"),
     ("fit", ["fit", "gpt2", "--mfu", "0.5"], "mfu"),
     ("validate", ["validate", "records"], "steps"),
     ("validate", ["validate", "negative.json"], "rank"),

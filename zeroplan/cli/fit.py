@@ -1000,8 +1000,14 @@ def _rendered(report, args: argparse.Namespace, compare: bool) -> str:
     if args.explain is not None:
         from zeroplan.report.explain import render_explain
 
-        if report.training.framework is not Framework.zeroplan and StrategyKind(args.explain) not in {p.strategy for p in report.plans}:
-            raise ZeroplanError("--explain", f"{args.explain!r} is not planned for {report.training.framework.value}")
+        planned = [p.strategy.value for p in report.plans]
+        if args.explain not in planned:
+            # Without --strategies the plans are the framework's default set, which leaves out
+            # the variants (zero3-nvme, zero3-hpz, ...) that only --strategies asks for.
+            framework = report.training.framework
+            where = "by default" if framework is Framework.zeroplan else f"for {framework.value}"
+            raise ZeroplanError("--explain", f"{args.explain!r} is not planned {where} (allowed: {', '.join(planned)}; "
+                                             f"or name it in --strategies)")
         return render_explain(report, args.explain, unit, screen_width())
     if args.detail and compare:
         from zeroplan.report.compare_table import render_compare_table
