@@ -181,6 +181,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "gpt2", "--gpu", "missing.json"], "gpu"),
     ("fit", ["fit", "gpt2", "--hfu", "1.5"], "hfu"),
     ("fit", ["fit", "gpt2", "--deepspeed-config", "deep.json"], "--deepspeed-config"),
+    # Within the flag's generic bound, beyond GpuSpec's (2^44 bytes): an OverflowError in the plan
+    # search's int64 arrays, and a fit answered for a device no GpuSpec can describe.
+    ("plan", ["plan", "gpt2", "--global-batch", "8", "--gpu-memory-gib", str(2**40)], "--gpu-memory-gib"),
+    ("fit", ["fit", "gpt2", "--gpu-memory-gib", "16385"], "--gpu-memory-gib"),
     ("fit", ["fit", "gpt2", "--efficiency", "deep.json"], "--efficiency"),
     # A strategy outside the default set that --strategies does not name: a KeyError.
     ("fit", ["fit", "gpt2", "--explain", "zero3-nvme"], "--explain"),

@@ -195,7 +195,10 @@ class ClusterSpec(Frozen):
     @model_validator(mode="after")
     def _check_context(self) -> "ClusterSpec":
         if self.cuda_context_bytes >= self.gpu.memory_bytes:
-            raise ZeroplanError("cluster.cuda_context_bytes", "must be smaller than the GPU memory")
+            raise ZeroplanError("cluster.cuda_context_bytes", f"must be smaller than the GPU memory (a context of "
+                                                              f"{self.cuda_context_bytes / 2**20:g} MiB on "
+                                                              f"{self.gpu.memory_bytes / 2**20:g} MiB; allowed: a "
+                                                              "context below the GPU's memory)")
         return self
 
 
