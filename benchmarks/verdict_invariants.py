@@ -160,8 +160,9 @@ FRAMEWORKS = ("zeroplan", "hf", "torchtune", "torchtitan", "litgpt", "megatron",
               "fairseq")
 GPUS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "a10g", "l40s", "v100-16gb", "v100-32gb", "rtx-4090",
         "b200", "mi300x")
-LARGER_SIBLING = {"a100-40gb": "a100-80gb", "v100-16gb": "v100-32gb", "h100-80gb": "h200-141gb"}
-"""A GPU of the same family with more memory (H200: an H100 with 141 GB of HBM3e)."""
+LARGER_SIBLING = {"a100-40gb": "a100-80gb", "v100-16gb": "v100-32gb", "h100-80gb": "h200-141gb", "mi300x": "mi325x"}
+"""A GPU of the same family with more memory (H200: an H100 with 141 GB of HBM3e; MI325X: an
+MI300X, CDNA 3, with 256 GB of HBM3E)."""
 CHECKPOINTING = ("none", "selective", "full", "selective-op", "selective-layer")
 MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan", "megatron")
 
