@@ -140,6 +140,10 @@ def _write_fixtures(root: Path) -> None:
     # Nested past the JSON decoder's recursion: a RecursionError escaped the DeepSpeed-config and
     # efficiency readers.
     (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    # Qwen's mlp_only_layers as a number, not a list: a TypeError from tuple().
+    moe = json.loads((Path(__file__).resolve().parent / "fixtures" / "hf" / "qwen3-30b-a3b.json").read_text())
+    (root / "mlp-only-int.json").write_text(json.dumps({**moe, "mlp_only_layers": 3}))
+    (root / "mlp-only-huge.json").write_text(json.dumps({**moe, "mlp_only_layers": [10**30]}))
 
 
 # (entry point, argv, the field the one line must name)
@@ -173,6 +177,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "boolean.json"], "config.num_hidden_layers"),
     ("fit", ["fit", "huge.json"], "config.hidden_size"),
     ("fit", ["fit", "list.json"], "config"),
+    ("fit", ["fit", "mlp-only-int.json"], "config.mlp_only_layers"),
+    ("plan", ["plan", "mlp-only-huge.json", "--global-batch", "8"], "dense_layers"),
     ("fit", ["fit", "moe-llama.json"], "config.num_local_experts"),
     ("fit", ["fit", "dbrx-moe.json"], "config.model_type"),
     ("fit", ["fit", "biased-gemma.json"], "config.attention_bias"),

@@ -490,7 +490,7 @@ def _moe_spec(name: str, config: dict[str, Any]) -> ModelSpec:
             shared_expert_ffn_hidden_size=config.get("shared_expert_intermediate_size", 5632) if qwen2 else 0,
             shared_expert_gate=qwen2,
             moe_layer_interval=config.get("decoder_sparse_step", 1),
-            dense_layers=tuple(config.get("mlp_only_layers") or ()),
+            dense_layers=_block_indices(config, "mlp_only_layers"),
         )
     if config.get("moe_layer_freq", 1) != 1:
         # transformers 4.56 DeepseekV2DecoderLayer makes every block from first_k_dense_replace on
@@ -655,6 +655,19 @@ def _gptq_fields(quant: dict[str, Any]) -> dict[str, Any]:
     if quant.get("desc_act"):
         raise ZeroplanError("config.quantization_config", "gptq desc_act true is not modelled (allowed: false)")
     return {"quantize": "gptq-int4", "gptq_group_size": group}
+
+
+def _block_indices(config: dict[str, Any], key: str) -> tuple:
+    """A config list of block indices (Qwen's mlp_only_layers), as a tuple whose items the strict
+    model spec checks; anything but a JSON array (or null) is refused naming the key (an integer
+    there was a TypeError from tuple())."""
+    value = config.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ZeroplanError(f"config.{key}", f"{value!r} is not a list of block indices (allowed: a JSON array such "
+                                             "as [] or [0, 1], or null)")
+    return tuple(value)
 
 
 def read_config_quantization(path: Path) -> dict[str, Any] | None:
