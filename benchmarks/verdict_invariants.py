@@ -118,7 +118,9 @@ Invariants (each checked only where it must hold):
                    nn/parallel/distributed.py no_sync; nothing is kept per micro-batch)
  28 verdict        every plan's verdict agrees with its own figures: headroom = usable - peak; a fit
                    has peak <= usable (and its load within it); an OOM has peak > usable or a load
-                   that runs out; under a pipeline the peak is the worst pipeline rank's
+                   that runs out; under a pipeline the plan is the rank with the least headroom, each
+                   rank on its own usable memory (not always the highest peak: a middle stage's
+                   communicators leave it less)
  29 round-trip     the report's JSON validates back into a FitReport that dumps the same, and its
                    data frame has one row per plan with the plan's peak and verdict; `zeroplan plan
                    --format json` validates back into a PlanSearchResult that dumps the same
@@ -1500,16 +1502,27 @@ def _check_accumulation_states(argv, names, plans, sweep) -> None:
 
 
 def _check_verdict_figures(argv, names, plans, sweep) -> None:
-    """Each plan's verdict against its own figures (28 verdict)."""
+    """Each plan's verdict against its own figures (28 verdict). Under a pipeline (or a device
+    map) every rank has its own usable memory (core.plan.rank_memories: the NCCL communicators it
+    opens): the plan is the rank with the least headroom, and fits where every rank does."""
+    from zeroplan.core.plan import rank_memories
+
+    request = None
     for name, p in plans.items():
         m, usable = p.memory, p.usable_memory_bytes
         load_fits = p.load_gpu_bytes is None or p.load_gpu_bytes <= usable
-        ranks_agree = not p.pipeline_rank_peak_bytes or max(p.pipeline_rank_peak_bytes) == m.peak_bytes
+        ranks_agree, usables = True, ()
+        if p.pipeline_rank_peak_bytes:
+            request = request or build(argv, sweep)
+            at = request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind(name)}))
+            usables = tuple(rank.usable_bytes for rank in rank_memories(at))
+            ranks_agree = (len(usables) == len(p.pipeline_rank_peak_bytes) and m.peak_bytes in p.pipeline_rank_peak_bytes
+                           and p.headroom_bytes == min(u - q for u, q in zip(usables, p.pipeline_rank_peak_bytes)))
         holds = (p.headroom_bytes == usable - m.peak_bytes and p.fits == (m.peak_bytes <= usable and load_fits)
                  and ranks_agree)
         sweep.check(INVARIANTS[27], holds, f"{name}: fits {p.fits}, peak {m.peak_bytes}, usable {usable}, headroom "
-                    f"{p.headroom_bytes}, load {p.load_gpu_bytes}, pipeline ranks {p.pipeline_rank_peak_bytes}\n    "
-                    f"{command_line(argv, name)}")
+                    f"{p.headroom_bytes}, load {p.load_gpu_bytes}, pipeline ranks {p.pipeline_rank_peak_bytes} on "
+                    f"{usables}\n    {command_line(argv, name)}")
 
 
 def _check_round_trip(argv, names, plans, sweep) -> None:
