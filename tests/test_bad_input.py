@@ -144,6 +144,9 @@ def _write_fixtures(root: Path) -> None:
     moe = json.loads((Path(__file__).resolve().parent / "fixtures" / "hf" / "qwen3-30b-a3b.json").read_text())
     (root / "mlp-only-int.json").write_text(json.dumps({**moe, "mlp_only_layers": 3}))
     (root / "mlp-only-huge.json").write_text(json.dumps({**moe, "mlp_only_layers": [10**30]}))
+    bert = json.loads((Path(__file__).resolve().parent / "fixtures" / "hf" / "bert-base-uncased.json").read_text())
+    (root / "bert-architectures-int.json").write_text(json.dumps({**bert, "architectures": -1}))
+    (root / "bert-architectures-ints.json").write_text(json.dumps({**bert, "architectures": [1]}))
 
 
 # (entry point, argv, the field the one line must name)
@@ -178,6 +181,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "huge.json"], "config.hidden_size"),
     ("fit", ["fit", "list.json"], "config"),
     ("fit", ["fit", "mlp-only-int.json"], "config.mlp_only_layers"),
+    ("fit", ["fit", "bert-architectures-int.json", "--framework", "hf"], "config.architectures"),
+    ("fit", ["fit", "bert-architectures-ints.json", "--framework", "hf"], "config.architectures"),
     ("plan", ["plan", "mlp-only-huge.json", "--global-batch", "8"], "dense_layers"),
     ("fit", ["fit", "moe-llama.json"], "config.num_local_experts"),
     ("fit", ["fit", "dbrx-moe.json"], "config.model_type"),

@@ -365,6 +365,10 @@ def _bert_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     if config.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_python"):
         raise ZeroplanError("config.hidden_act", f"{config['hidden_act']!r} is not modelled for bert (allowed: gelu)")
     architectures = config.get("architectures") or [BERT_MASKED_LM]
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        # A number there was a TypeError (`in` on an int; join of a non-string item).
+        raise ZeroplanError("config.architectures", f"{architectures!r} is not a list of class names (allowed: a JSON "
+                                                    f"array of strings such as [\"{BERT_MASKED_LM}\"], or null)")
     caveat = "" if BERT_MASKED_LM in architectures else (
         f"counted as {BERT_MASKED_LM} (masked-LM head, no pooler); {', '.join(architectures)} has other heads")
     return strict_model_spec(
