@@ -237,6 +237,12 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     if kind.offloads_optimizer:
         # ZeRO-Offload steps on the host with DeepSpeedCPUAdam, which DeepSpeed builds from
         # this block (runtime/engine.py _configure_basic_optimizer); lr etc. are the user's.
+        # Another planned optimizer is not written as AdamW: that file would step two fp32
+        # states a parameter the plan did not count (and fit --deepspeed-config refuses it
+        # beside --optimizer lion, sgd or adafactor).
+        if training.optimizer not in (Optimizer.adamw, Optimizer.adam):
+            raise NotApplicable(f"its offload_optimizer block would name DeepSpeed's CPU AdamW, not the planned "
+                                f"{training.optimizer.value}")
         config["optimizer"] = {"type": "AdamW", "params": {}}
     return config
 
