@@ -1557,6 +1557,15 @@ def _check_command_line(argv, names, plans, sweep) -> None:
 
     if random.Random("cli " + shlex.join(argv)).random() >= CLI_SHARE:
         return
+    from zeroplan.cli.fit import check_model_load_strategies
+
+    try:
+        # The one refusal the command adds to the API's: --model-load beside strategies that are
+        # not all DeepSpeed's ZeRO-3 (the API plans the load under each; build() does not ask it).
+        args = PARSER.parse_args(argv)
+        check_model_load_strategies(args, strategies_asked(args))
+    except ZeroplanError:
+        return
     report = next(r for a, r in reversed(sweep.answered) if a is argv)
     line = ["fit", *argv]
     try:
