@@ -515,6 +515,11 @@ def test_an_offload_config_never_names_another_optimizer_than_planned(framework,
                   "zero3-offload")
     with pytest.raises(NotApplicable, match=f"not the planned {optimizer}"):
         deepspeed_config(run.request)
+    # Nor does the launch script point at the file that was not written.
+    from zeroplan.emit.formats import launch_script
+
+    launch = launch_script(run.request, {})
+    assert "deepspeed.json was not written" in launch and "exit 1" in launch and "torchrun" not in launch
     adamw = planned("llama-2-7b", "--gpus", "8", "--framework", framework, "--strategies", "zero3-offload")
     assert deepspeed_config(adamw.request)["optimizer"] == {"type": "AdamW", "params": {}}
 

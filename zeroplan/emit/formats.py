@@ -789,6 +789,12 @@ def launch_script(request: PlanRequest, formats: dict[str, str]) -> str:
         else:
             target = "YOUR_TRAIN_SCRIPT.py " + " ".join(hf_training_arguments(request)).replace(
                 "--deepspeed deepspeed.json", "--deepspeed \"$HERE/deepspeed.json\"")
+            if runs_deepspeed(request):
+                try:
+                    deepspeed_config(request)  # the file the line points at, or why it was not written
+                except NotApplicable as reason:
+                    lines.append(f"echo {shlex.quote(f'deepspeed.json was not written: {reason}')} >&2; exit 1")
+                    return "\n".join(lines) + "\n"
         lines.append(f"torchrun --nnodes {cluster.num_nodes} --nproc_per_node {cluster.gpus_per_node} "
                      f"--node_rank \"${{NODE_RANK:-0}}\" --master_addr \"${{MASTER_ADDR:-127.0.0.1}}\" "
                      f"--master_port \"${{MASTER_PORT:-29500}}\" {target}")
