@@ -103,6 +103,30 @@ Invariants (each checked only where it must hold):
                    answers the same verdict, reserved peak, borderline mark and max-mb as the
                    replays reused where they decide it exactly (allocator.planner._outcome), on a
                    share of the requests the allocator model judges
+ 26 checkpoint-peak full activation checkpointing never raises the allocated peak above no
+                   checkpointing's, strategy by strategy and pipeline rank by pipeline rank (each
+                   block keeps its input and recomputes the rest one block at a time in backward,
+                   against every block's activations kept: 4 compares saved activation bytes only).
+                   Not a property of hf's LoRA (frozen weights) under DeepSpeed's plain ZeRO-3
+                   gathers: from DeepSpeed 0.19.3 a frozen weight fetched in a reentrant
+                   checkpoint's recompute stays gathered to the backward's end
+                   (core.deepspeed_coordinator.holds_recomputed_frozen, measured on DeepSpeed's own
+                   engine), so recomputation gathers the whole frozen model (Mistral-7B LoRA on 8
+                   GPUs: 16.4 GiB allocated against 11.5 without); those are left out
+ 27 accum-states   under DDP the gradient accumulation steps never change the model-state bytes per
+                   GPU (DDP's no_sync accumulates into the same .grad the all-reduce reads: torch
+                   nn/parallel/distributed.py no_sync; nothing is kept per micro-batch)
+ 28 verdict        every plan's verdict agrees with its own figures: headroom = usable - peak; a fit
+                   has peak <= usable (and its load within it); an OOM has peak > usable or a load
+                   that runs out; under a pipeline the plan is the rank with the least headroom, each
+                   rank on its own usable memory (not always the highest peak: a middle stage's
+                   communicators leave it less)
+ 29 round-trip     the report's JSON validates back into a FitReport that dumps the same, and its
+                   data frame has one row per plan with the plan's peak and verdict; `zeroplan plan
+                   --format json` validates back into a PlanSearchResult that dumps the same
+ 30 cli-agrees     `zeroplan fit ... --format json` answers fit()'s plans field for field, and the
+                   text view's first line and table say fit()'s verdict, fits cell and peak (GiB to
+                   0.1) for every strategy (on a share of the requests)
 
     python benchmarks/verdict_invariants.py --requests 500 --seed 1
 """
@@ -138,8 +162,9 @@ FRAMEWORKS = ("zeroplan", "hf", "torchtune", "torchtitan", "litgpt", "megatron",
               "fairseq")
 GPUS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "a10g", "l40s", "v100-16gb", "v100-32gb", "rtx-4090",
         "b200", "mi300x")
-LARGER_SIBLING = {"a100-40gb": "a100-80gb", "v100-16gb": "v100-32gb", "h100-80gb": "h200-141gb"}
-"""A GPU of the same family with more memory (H200: an H100 with 141 GB of HBM3e)."""
+LARGER_SIBLING = {"a100-40gb": "a100-80gb", "v100-16gb": "v100-32gb", "h100-80gb": "h200-141gb", "mi300x": "mi325x"}
+"""A GPU of the same family with more memory (H200: an H100 with 141 GB of HBM3e; MI325X: an
+MI300X, CDNA 3, with 256 GB of HBM3E)."""
 CHECKPOINTING = ("none", "selective", "full", "selective-op", "selective-layer")
 MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan", "megatron")
 
@@ -153,7 +178,8 @@ INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointin
               "7 determinism", "8 scale-out", "9 precision", "10 step-time", "11 adapter-rank", "12 ds-checkpoint",
               "13 offload-ratio", "14 hf-fsdp1", "15 ulysses", "16 mha-views", "17 device-map", "18 muon",
               "19 torch-linear", "20 model-load", "21 margin", "22 dpo", "23 padded", "24 loss-options",
-              "25 exact-allocator")
+              "25 exact-allocator", "26 checkpoint-peak", "27 accum-states", "28 verdict", "29 round-trip",
+              "30 cli-agrees")
 SCALE_OUT_STRATEGIES = ("zero3", "fsdp-full-shard")
 """Strategies whose every model state is sharded over the data-parallel ranks (8 scale-out)."""
 
@@ -640,7 +666,9 @@ def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_shar
               _check_offload_policy, _check_scale_out, _check_precision, _check_step_time, _check_adapter_rank,
               _check_deepspeed_checkpointing, _check_offload_ratio, _check_hf_fsdp1, _check_ulysses,
               _check_multihead_attention_views, _check_device_map, _check_muon, _check_torch_linear,
-              _check_model_load, _check_dpo, _check_padded_batches, _check_loss_options, _check_exact_allocator]
+              _check_model_load, _check_dpo, _check_padded_batches, _check_loss_options, _check_exact_allocator,
+              _check_checkpointing_peak, _check_accumulation_states, _check_verdict_figures, _check_round_trip,
+              _check_command_line]
     if rng.random() < search_share:
         checks.append(_check_search)
     for check in checks:
@@ -1434,6 +1462,139 @@ def _check_exact_allocator(argv, names, plans, sweep) -> None:
                     f"with --exact-allocator {oracle}\n    {command_line(exact, name)}")
 
 
+def _check_checkpointing_peak(argv, names, plans, sweep) -> None:
+    """Full activation checkpointing against none (26 checkpoint-peak): the allocated peak no
+    higher on any pipeline rank (on the flat reserve: the allocated peak does not depend on the
+    allocator). Asked of the request as drawn, with its own mode set to full and to none."""
+    full, none = (with_flag(argv, "--activation-checkpointing", mode) for mode in ("full", "none"))
+
+    def allocated_peaks(request, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+        return [b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(_on_flat(request, StrategyKind(name)))]
+
+    from zeroplan.core.deepspeed_coordinator import holds_recomputed_frozen, models_deepspeed_gathers
+
+    for name, request, checkpointed, kept in _beside_variant(full, none, plans, sweep, allocated_peaks):
+        at = request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind(name)}))
+        if (holds_recomputed_frozen(at.training) and models_deepspeed_gathers(at)
+                and not at.training.finetune.trains_everything):
+            continue  # DeepSpeed >= 0.19.3 keeps each recomputed block's frozen weights gathered (below)
+        for stage, (a, b) in enumerate(zip(checkpointed, kept)):
+            sweep.check(INVARIANTS[25], a <= b, f"{name}: allocated peak {gib(a)} with full checkpointing > {gib(b)} "
+                        f"without (pipeline rank {stage})\n    {command_line(full, name)}\n    {command_line(none, name)}")
+
+
+def _check_accumulation_states(argv, names, plans, sweep) -> None:
+    """DDP's model-state bytes at the request's accumulation against one step (27 accum-states);
+    not under a pipeline, where --grad-accum is the schedule's micro-batch count."""
+    if "ddp" not in plans or int(flag_value(argv, "--pp") or 1) > 1:
+        return
+    accum = int(flag_value(argv, "--grad-accum") or 1)
+    other = with_flag(argv, "--grad-accum", "1" if accum > 1 else "4")
+
+    def states(request, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+        return [b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes
+                for b, _ in pipeline_rank_breakdowns(_on_flat(request, StrategyKind(name)))]
+
+    for name, _, mine, theirs in _beside_variant(argv, other, ("ddp",), sweep, states):
+        sweep.check(INVARIANTS[26], mine == theirs, f"{name}: model states {[gib(b) for b in mine]} at --grad-accum "
+                    f"{accum}, {[gib(b) for b in theirs]} at {flag_value(other, '--grad-accum')}\n    "
+                    f"{command_line(argv, name)}\n    {command_line(other, name)}")
+
+
+def _check_verdict_figures(argv, names, plans, sweep) -> None:
+    """Each plan's verdict against its own figures (28 verdict). Under a pipeline (or a device
+    map) every rank has its own usable memory (core.plan.rank_memories: the NCCL communicators it
+    opens): the plan is the rank with the least headroom, and fits where every rank does."""
+    from zeroplan.core.plan import rank_memories
+
+    request = None
+    for name, p in plans.items():
+        m, usable = p.memory, p.usable_memory_bytes
+        load_fits = p.load_gpu_bytes is None or p.load_gpu_bytes <= usable
+        ranks_agree, usables = True, ()
+        if p.pipeline_rank_peak_bytes:
+            request = request or build(argv, sweep)
+            at = request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind(name)}))
+            usables = tuple(rank.usable_bytes for rank in rank_memories(at))
+            ranks_agree = (len(usables) == len(p.pipeline_rank_peak_bytes) and m.peak_bytes in p.pipeline_rank_peak_bytes
+                           and p.headroom_bytes == min(u - q for u, q in zip(usables, p.pipeline_rank_peak_bytes)))
+        holds = (p.headroom_bytes == usable - m.peak_bytes and p.fits == (m.peak_bytes <= usable and load_fits)
+                 and ranks_agree)
+        sweep.check(INVARIANTS[27], holds, f"{name}: fits {p.fits}, peak {m.peak_bytes}, usable {usable}, headroom "
+                    f"{p.headroom_bytes}, load {p.load_gpu_bytes}, pipeline ranks {p.pipeline_rank_peak_bytes} on "
+                    f"{usables}\n    {command_line(argv, name)}")
+
+
+def _check_round_trip(argv, names, plans, sweep) -> None:
+    """The report's JSON back into a FitReport, and its data frame (29 round-trip)."""
+    from zeroplan.answers import FitReport
+
+    report = next(r for a, r in reversed(sweep.answered) if a is argv)
+    try:
+        back = FitReport.model_validate_json(report.model_dump_json())
+        same = back.model_dump() == report.model_dump()
+        what = "the report's JSON validates into a report that dumps otherwise"
+    except ValidationError as error:
+        same, what = False, f"the report's JSON does not validate: {_first_validation_line(error)}"
+    sweep.check(INVARIANTS[28], same, f"{what}\n    {command_line(argv)}")
+    frame = report.to_dataframe()
+    rows = [(str(i), int(r["peak_bytes"]), bool(r["fits"])) for i, r in frame.iterrows()]
+    expected = [(p.strategy.value, p.memory.peak_bytes, p.fits) for p in report.plans]
+    sweep.check(INVARIANTS[28], rows == expected, f"data frame rows {rows} against the plans {expected}\n    "
+                f"{command_line(argv)}")
+
+
+CLI_SHARE = 0.3
+"""Share of the answered requests asked again through the command line (30 cli-agrees)."""
+
+
+def _check_command_line(argv, names, plans, sweep) -> None:
+    """`zeroplan fit` on the request's flags against fit() (30 cli-agrees): its JSON's plans equal
+    fit()'s field for field, and its text view's verdict line and table rows say the same."""
+    import json
+
+    from zeroplan.report.fits_cell import fits_cell
+
+    if random.Random("cli " + shlex.join(argv)).random() >= CLI_SHARE:
+        return
+    from zeroplan.cli.fit import check_model_load_strategies
+
+    try:
+        # The one refusal the command adds to the API's: --model-load beside strategies that are
+        # not all DeepSpeed's ZeRO-3 (the API plans the load under each; build() does not ask it).
+        args = PARSER.parse_args(argv)
+        check_model_load_strategies(args, strategies_asked(args))
+    except ZeroplanError:
+        return
+    report = next(r for a, r in reversed(sweep.answered) if a is argv)
+    line = ["fit", *argv]
+    try:
+        status, out, err = _run_command([*line, "--format", "json"])
+        text_status, text, text_err = _run_command(line)
+    except Exception:
+        sweep.check(INVARIANTS[29], False, f"traceback: {_last_line()}\n    {command_line(argv)}")
+        return
+    if status != 0 or text_status != 0:
+        sweep.check(INVARIANTS[29], False, f"fit() answers, the command exits {status} / {text_status}: "
+                    f"{(err or text_err).strip()[:200]}\n    {command_line(argv)}")
+        return
+    dumped = json.loads(out)["plans"]
+    mine = json.loads(report.model_dump_json())["plans"]
+    for p, q in zip(mine, dumped):
+        differ = sorted(k for k in set(p) | set(q) if p.get(k) != q.get(k))
+        sweep.check(INVARIANTS[29], not differ and len(mine) == len(dumped),
+                    f"{p['strategy']}: --format json differs from fit() in {differ}\n    {command_line(argv)}")
+    first = text.splitlines()[0] if text else ""
+    sweep.check(INVARIANTS[29], first.startswith("Fits.") == (report.recommended is not None),
+                f"the first line {first!r} against fit()'s recommendation {report.recommended}\n    {command_line(argv)}")
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split() and line.split()[0] in plans}
+    for name, p in plans.items():
+        row = rows.get(name)
+        expected = [fits_cell(p), f"{p.memory.peak_bytes / 2**30:.1f}"]
+        sweep.check(INVARIANTS[29], row is not None and row[1:3] == expected,
+                    f"{name}: the table's row {row} against fit()'s fits and peak {expected}\n    {command_line(argv)}")
+
+
 def _beside_variant(argv, variant, names, sweep, figures):  # type: ignore[no-untyped-def]
     """For each strategy of ``names``: (name, the request, its figures, the variant's figures),
     ``figures(request, name)`` being a list by pipeline rank; the variant's asked through answer()
@@ -1532,6 +1693,15 @@ def _check_search(argv, names, plans, sweep) -> None:
         sweep.check(INVARIANTS[6], len(lines) == 1, f"plan refused in {len(lines)} lines\n    zeroplan plan {shlex.join(line)}")
         sweep.refused["variant: plan search"] += 1
         return
+    from zeroplan.answers import PlanSearchResult
+
+    # 29 round-trip: the search's JSON validates back into its result type, which dumps the same.
+    try:
+        same = json.loads(PlanSearchResult.model_validate_json(out).model_dump_json()) == json.loads(out)
+        what = "plan's JSON validates into a result that dumps otherwise"
+    except ValidationError as error:
+        same, what = False, f"plan's JSON does not validate: {_first_validation_line(error)}"
+    sweep.check(INVARIANTS[28], same, f"{what}\n    zeroplan plan {shlex.join(line)}")
     for row in json.loads(out)["ranked"]:
         fit_line = candidate_argv(line[:-6], row)
         try:

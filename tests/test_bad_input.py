@@ -137,6 +137,16 @@ def _write_fixtures(root: Path) -> None:
     (root / "records" / "rank00000.json").write_text(json.dumps({**record, "steps": []}))
     (root / "negative.json").write_text(json.dumps({**record, "rank": -1}))
     (root / "notjson.json").write_text("{")
+    # Nested past the JSON decoder's recursion: a RecursionError escaped the DeepSpeed-config and
+    # efficiency readers.
+    (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    # Qwen's mlp_only_layers as a number, not a list: a TypeError from tuple().
+    moe = json.loads((Path(__file__).resolve().parent / "fixtures" / "hf" / "qwen3-30b-a3b.json").read_text())
+    (root / "mlp-only-int.json").write_text(json.dumps({**moe, "mlp_only_layers": 3}))
+    (root / "mlp-only-huge.json").write_text(json.dumps({**moe, "mlp_only_layers": [10**30]}))
+    bert = json.loads((Path(__file__).resolve().parent / "fixtures" / "hf" / "bert-base-uncased.json").read_text())
+    (root / "bert-architectures-int.json").write_text(json.dumps({**bert, "architectures": -1}))
+    (root / "bert-architectures-ints.json").write_text(json.dumps({**bert, "architectures": [1]}))
 
 
 # (entry point, argv, the field the one line must name)
@@ -170,6 +180,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "boolean.json"], "config.num_hidden_layers"),
     ("fit", ["fit", "huge.json"], "config.hidden_size"),
     ("fit", ["fit", "list.json"], "config"),
+    ("fit", ["fit", "mlp-only-int.json"], "config.mlp_only_layers"),
+    ("fit", ["fit", "bert-architectures-int.json", "--framework", "hf"], "config.architectures"),
+    ("fit", ["fit", "bert-architectures-ints.json", "--framework", "hf"], "config.architectures"),
+    ("plan", ["plan", "mlp-only-huge.json", "--global-batch", "8"], "dense_layers"),
     ("fit", ["fit", "moe-llama.json"], "config.num_local_experts"),
     ("fit", ["fit", "dbrx-moe.json"], "config.model_type"),
     ("fit", ["fit", "biased-gemma.json"], "config.attention_bias"),
@@ -177,6 +191,22 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "no-such-model"], "model"),
     ("fit", ["fit", "gpt2", "--gpu", "missing.json"], "gpu"),
     ("fit", ["fit", "gpt2", "--hfu", "1.5"], "hfu"),
+    ("fit", ["fit", "gpt2", "--deepspeed-config", "deep.json"], "--deepspeed-config"),
+    # Within the flag's generic bound, beyond GpuSpec's (2^44 bytes): an OverflowError in the plan
+    # search's int64 arrays, and a fit answered for a device no GpuSpec can describe.
+    ("plan", ["plan", "gpt2", "--global-batch", "8", "--gpu-memory-gib", str(2**40)], "--gpu-memory-gib"),
+    ("fit", ["fit", "gpt2", "--gpu-memory-gib", "16385"], "--gpu-memory-gib"),
+    ("fit", ["fit", "gpt2", "--efficiency", "deep.json"], "--efficiency"),
+    # A strategy outside the default set that --strategies does not name: a KeyError.
+    ("fit", ["fit", "gpt2", "--explain", "zero3-nvme"], "--explain"),
+    ("compare", ["compare", "gpt2", "--explain", "zero3-hpz"], "--explain"),
+    # '--flag=--': argparse 3.11 strips the '--' and stores [] untyped and unchecked, which was
+    # a traceback (--host, --gpu, --strategies) or a silent default (--precision, --emit).
+    ("fit", ["fit", "gpt2", "--host=--"], "--host"),
+    ("fit", ["fit", "gpt2", "--gpu=--"], "--gpu"),
+    ("fit", ["fit", "gpt2", "--precision=--"], "--precision"),
+    ("plan", ["plan", "gpt2", "--global-batch", "8", "--emit=--"], "--emit"),
+    ("validate", ["validate", "negative.json", "--plot=--"], "--plot"),
     ("fit", ["fit", "gpt2", "--mfu", "0.5"], "mfu"),
     ("validate", ["validate", "records"], "steps"),
     ("validate", ["validate", "negative.json"], "rank"),

@@ -56,7 +56,11 @@ def test_fit_gb_unit_changes_the_table(zeroplan_cli) -> None:
         (["fit", "gpt2", "--micro-batch", "-2"], "argument --micro-batch: must be a positive integer"),
         (["fit", "gpt2", "--seq-len", "abc"], "argument --seq-len: expected a positive integer"),
         (["fit", "gpt2", "--gpus", "12", "--nodes", "5"], "nodes: 12 GPUs do not divide into 5 nodes"),
-        (["fit", "gpt2", "--gpus", "12", "--gpus-per-node", "8"], "gpus_per_node: 12 GPUs do not divide into nodes of 8"),
+        (["fit", "gpt2", "--gpus", "12", "--gpus-per-node", "8"], "gpus_per_node: 12 GPUs do not divide into nodes of 8 "
+                                                                  "(allowed: 1, 2, 3, 4, 6, 12)"),
+        # Nodes of 8 are the default: the error names --gpus, which the user typed, and what lays it out.
+        (["fit", "gpt2", "--gpus", "12"], "gpus: 12 GPUs do not fill nodes of 8, the default GPUs per node (allowed: "
+                                          "a multiple of 8, or gpus_per_node or nodes of 1, 2, 3, 4, 6, 12)"),
         (["fit", "gpt2", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
         (["fit", "gpt2", "--strategies", "zero4"], "strategies: unknown 'zero4'"),
         (["fit", "gpt2", "--gpus", "16", "--hsdp-group", "3"], "hsdp-group: 3 does not divide the 16 GPUs"),

@@ -504,6 +504,26 @@ def test_torchtune_overrides_refuse_an_optimizer_its_configurations_do_not_build
         torchtune_overrides(run.request)
 
 
+@pytest.mark.parametrize("framework, optimizer", [("hf", "lion"), ("zeroplan", "sgd"), ("zeroplan", "adafactor")])
+def test_an_offload_config_never_names_another_optimizer_than_planned(framework, optimizer) -> None:
+    """The offload_optimizer block named AdamW whatever the plan's optimizer: a run from it steps
+    DeepSpeed's CPU AdamW, two fp32 states a parameter the plan of lion, sgd or adafactor did not
+    count (and fit --deepspeed-config refuses that file beside the same --optimizer)."""
+    from zeroplan.emit.formats import deepspeed_config
+
+    run = planned("llama-2-7b", "--gpus", "8", "--framework", framework, "--optimizer", optimizer, "--strategies",
+                  "zero3-offload")
+    with pytest.raises(NotApplicable, match=f"not the planned {optimizer}"):
+        deepspeed_config(run.request)
+    # Nor does the launch script point at the file that was not written.
+    from zeroplan.emit.formats import launch_script
+
+    launch = launch_script(run.request, {})
+    assert "deepspeed.json was not written" in launch and "exit 1" in launch and "torchrun" not in launch
+    adamw = planned("llama-2-7b", "--gpus", "8", "--framework", framework, "--strategies", "zero3-offload")
+    assert deepspeed_config(adamw.request)["optimizer"] == {"type": "AdamW", "params": {}}
+
+
 # ------------------------------------------------------------------ the command line
 
 def test_plan_emit_writes_the_files_of_its_best_row(tmp_path: Path, capsys) -> None:

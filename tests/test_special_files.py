@@ -116,6 +116,16 @@ def test_a_regular_file_is_replaced_and_no_temporary_file_stays(tmp_path: Path) 
     assert path.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
 
 
+def test_a_replaced_file_keeps_its_permissions(tmp_path: Path) -> None:
+    """The rename put a new file with the process's default mode in place: a private (0600)
+    calibration file became readable by everyone (0644)."""
+    path = tmp_path / "gpu.json"
+    path.write_text("old")
+    path.chmod(0o600)
+    write_text_atomic(path, "new")
+    assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
 @pytest.mark.parametrize("where", ["below-a-file", "in-proc"])
 def test_a_folder_that_cannot_hold_the_file_is_one_line(tmp_path: Path, where: str) -> None:
     if where == "below-a-file":

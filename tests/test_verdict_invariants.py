@@ -2,7 +2,9 @@
 seed's few random requests hold every invariant (a bigger GPU never turns fits into OOM, the
 allocated peak grows with the micro-batch, sequence and accumulation, the model states order by
 sharding stage, full checkpointing saves the least, the largest micro-batch fits and one more
-does not, plan() and the plan search agree with fit, answers repeat and refusals are one line),
+does not, plan() and the plan search agree with fit, answers repeat and refusals are one line, full
+checkpointing never raises the allocated peak, DDP's states do not move with the accumulation,
+each verdict agrees with its figures, the JSON round-trips and the command line says what fit() does),
 and the sweep's own checks record a violation where one is fed to them."""
 
 from __future__ import annotations
@@ -103,6 +105,22 @@ def test_the_checks_record_what_breaks_them():
         "zero2 0.000 GiB < zero3 0.000 GiB of model states per GPU\n"
         "    zeroplan fit llama-2-7b --gpus 8 --strategies zero2,zero3"]
     assert len(sweep.violations["2 batch-growth"]) == 1
+
+
+def test_a_verdict_against_its_own_figures_is_checked():
+    """28 verdict: a fit whose peak passes the usable memory, or a headroom that is not usable -
+    peak, is recorded; the consistent plan is not."""
+    sweep = sweep_script.Sweep()
+
+    def plan(fits: bool, peak: int, headroom: int):  # type: ignore[no-untyped-def]
+        return SimpleNamespace(memory=SimpleNamespace(peak_bytes=peak), usable_memory_bytes=100, fits=fits,
+                               headroom_bytes=headroom, load_gpu_bytes=None, pipeline_rank_peak_bytes=())
+
+    sweep_script._check_verdict_figures(["m"], "", {"zero3": plan(True, 90, 10), "zero2": plan(False, 110, -10)}, sweep)
+    assert sweep.violations["28 verdict"] == []
+    sweep_script._check_verdict_figures(["m"], "", {"zero3": plan(True, 110, -10), "zero2": plan(False, 90, 10),
+                                                    "ddp": plan(True, 90, 11)}, sweep)
+    assert len(sweep.violations["28 verdict"]) == 3
 
 
 def test_engines_are_compared_only_over_two_ranks_or_more():

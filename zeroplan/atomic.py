@@ -90,6 +90,10 @@ def write_atomic(path: str | Path, write: Callable[[Path], None], field: str = "
         write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
+        # The rename puts a new file in place: it takes the replaced file's permissions, not the
+        # process's default (a private 0600 file would otherwise become 0644).
+        if real.exists():
+            os.chmod(tmp, stat.S_IMODE(os.stat(real).st_mode))
         # Checked again just before the rename: the target may have changed while we wrote.
         writable_file(real, field)
         os.replace(tmp, real)

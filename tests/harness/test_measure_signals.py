@@ -71,3 +71,26 @@ def test_the_lock_leaves_nothing_behind(tmp_path: Path) -> None:
     with out_dir_lock(tmp_path, 0):
         assert [p.name for p in tmp_path.iterdir()] == [".measure-node0.lock"]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["link to a file", "fifo"])
+def test_the_lock_never_writes_through_what_sits_at_its_name(tmp_path: Path, kind: str) -> None:
+    """A link or a FIFO left at the lock's name (by another user of the folder, say) is refused in
+    one line and left as it was: the lock was opened with open(path, 'w'), which truncated a
+    link's target and wrote the pid into it (as root, a device node's first bytes), and blocked
+    for ever on a FIFO no one reads."""
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / ".measure-node0.lock"
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    if kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(target)
+    with pytest.raises(ZeroplanError, match="--out") as refusal:
+        with out_dir_lock(out, 0):
+            pass
+    assert "\n" not in str(refusal.value)
+    assert target.read_text() == "keep me\n"
+    assert lock.is_symlink() if kind != "fifo" else lock.is_fifo()

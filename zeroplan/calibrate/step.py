@@ -390,11 +390,15 @@ def load_efficiency(path: str | Path) -> StepEfficiency:
     from zeroplan.core.timing import COMPUTE_BASIS
 
     try:
-        efficiency = StepEfficiency.model_validate(json.loads(Path(path).read_text()))
+        efficiency = StepEfficiency.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
     except ValidationError as error:
         raise first_error(error, prefix=f"--efficiency {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ZeroplanError("--efficiency", f"cannot read {str(path)!r}: {error}") from None
+    except RecursionError:
+        # The decoder recurses once per nested array or object; an efficiency file nests two.
+        raise ZeroplanError("--efficiency", f"{str(path)!r} nests arrays or objects more deeply than the JSON "
+                                            "decoder reads (allowed: about 1,000 levels; an efficiency file nests two)") from None
     if efficiency.compute_basis != COMPUTE_BASIS:
         raise ZeroplanError("--efficiency", f"{str(path)!r} has compute_basis {efficiency.compute_basis} (its HFU "
                                             f"covers the memory-bound kernels too, which the planner now times apart): "

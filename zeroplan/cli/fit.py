@@ -648,7 +648,16 @@ def _gpu(args: argparse.Namespace):
 
     gpu = load_gpu_file(args.gpu) if args.gpu.endswith(".json") else get_gpu(args.gpu)
     if args.gpu_memory_gib is not None:
-        gpu = gpu.model_copy(update={"memory_bytes": int(args.gpu_memory_gib * GiB)})
+        from zeroplan.specs.hardware import MAX_DEVICE_MEMORY_BYTES
+
+        # model_copy does not validate: GpuSpec's own bound on memory_bytes is applied here (the
+        # flag's generic 2^40 GiB overflowed the plan search's int64 arrays at 2^70 bytes).
+        memory_bytes = int(args.gpu_memory_gib * GiB)
+        if not 1 <= memory_bytes <= MAX_DEVICE_MEMORY_BYTES:
+            what = "more than any device holds" if memory_bytes > 1 else "less than a byte"
+            raise ZeroplanError("--gpu-memory-gib", f"{args.gpu_memory_gib:g} GiB is {what} "
+                                                    f"(allowed: up to {MAX_DEVICE_MEMORY_BYTES // GiB:,} GiB)")
+        gpu = gpu.model_copy(update={"memory_bytes": memory_bytes})
     return gpu
 
 
@@ -1000,8 +1009,14 @@ def _rendered(report, args: argparse.Namespace, compare: bool) -> str:
     if args.explain is not None:
         from zeroplan.report.explain import render_explain
 
-        if report.training.framework is not Framework.zeroplan and StrategyKind(args.explain) not in {p.strategy for p in report.plans}:
-            raise ZeroplanError("--explain", f"{args.explain!r} is not planned for {report.training.framework.value}")
+        planned = [p.strategy.value for p in report.plans]
+        if args.explain not in planned:
+            # Without --strategies the plans are the framework's default set, which leaves out
+            # the variants (zero3-nvme, zero3-hpz, ...) that only --strategies asks for.
+            framework = report.training.framework
+            where = "by default" if framework is Framework.zeroplan else f"for {framework.value}"
+            raise ZeroplanError("--explain", f"{args.explain!r} is not planned {where} (allowed: {', '.join(planned)}; "
+                                             f"or name it in --strategies)")
         return render_explain(report, args.explain, unit, screen_width())
     if args.detail and compare:
         from zeroplan.report.compare_table import render_compare_table

@@ -23,6 +23,17 @@ class OneLineParser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
 
+    # argparse.py (3.11) ArgumentParser._get_values removes a '--' from every option's strings
+    # ("strip out first '--'"), so '--host=--' leaves no string and stores [] with neither the
+    # option's type nor its choices applied: a list where a string is read (a traceback), or a
+    # falsy value read as the default (--precision=--, --emit=--, answered as if absent). An
+    # option given '--' as its value is refused here, naming the option.
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]):  # type: ignore[no-untyped-def]
+        if action.option_strings and action.nargs in (None, argparse.OPTIONAL) and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument, got '--' "
+                       "(allowed: a value; '--' ends the options)")
+        return super()._get_values(action, arg_strings)
+
     # argparse.py (3.11) ArgumentParser._get_formatter: ``self.formatter_class(prog=self.prog)``,
     # whose HelpFormatter.__init__ with width None imports shutil for shutil.get_terminal_size;
     # argparse makes one at every add_argument on a parser (its metavar check) and in

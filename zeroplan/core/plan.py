@@ -61,7 +61,7 @@ from zeroplan.core.peak import (
     MomentBytes, PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments_and_block_pieces,
     peak_terms_of, with_terms,
 )
-from zeroplan.core.parallel.pipeline import in_flight_chunks, request_rank_stages
+from zeroplan.core.parallel.pipeline import device_map_gpu_is_empty, in_flight_chunks, request_rank_stages
 from zeroplan.core.parallel.activations import (
     host_checkpoint_bytes,
     rank_activation_bytes,
@@ -272,6 +272,10 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
         logits_pieces = framework_logits_pieces(request) if one_rank else rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute
+    if device_map_gpu_is_empty(request):
+        # No block runs on a GPU the device map leaves empty: no block backward's workspace, no
+        # rebuilt block, no dequantized or normed weight (its activations and logits are none).
+        workspace = 0
     return (("activations", activations), ("logits", logits), ("workspace", workspace), ("logits_pieces", logits_pieces),
             ("logits_gradient", reference_logits_gradient_bytes(request)))
 

@@ -237,6 +237,12 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     if kind.offloads_optimizer:
         # ZeRO-Offload steps on the host with DeepSpeedCPUAdam, which DeepSpeed builds from
         # this block (runtime/engine.py _configure_basic_optimizer); lr etc. are the user's.
+        # Another planned optimizer is not written as AdamW: that file would step two fp32
+        # states a parameter the plan did not count (and fit --deepspeed-config refuses it
+        # beside --optimizer lion, sgd or adafactor).
+        if training.optimizer not in (Optimizer.adamw, Optimizer.adam):
+            raise NotApplicable(f"its offload_optimizer block would name DeepSpeed's CPU AdamW, not the planned "
+                                f"{training.optimizer.value}")
         config["optimizer"] = {"type": "AdamW", "params": {}}
     return config
 
@@ -783,6 +789,12 @@ def launch_script(request: PlanRequest, formats: dict[str, str]) -> str:
         else:
             target = "YOUR_TRAIN_SCRIPT.py " + " ".join(hf_training_arguments(request)).replace(
                 "--deepspeed deepspeed.json", "--deepspeed \"$HERE/deepspeed.json\"")
+            if runs_deepspeed(request):
+                try:
+                    deepspeed_config(request)  # the file the line points at, or why it was not written
+                except NotApplicable as reason:
+                    lines.append(f"echo {shlex.quote(f'deepspeed.json was not written: {reason}')} >&2; exit 1")
+                    return "\n".join(lines) + "\n"
         lines.append(f"torchrun --nnodes {cluster.num_nodes} --nproc_per_node {cluster.gpus_per_node} "
                      f"--node_rank \"${{NODE_RANK:-0}}\" --master_addr \"${{MASTER_ADDR:-127.0.0.1}}\" "
                      f"--master_port \"${{MASTER_PORT:-29500}}\" {target}")

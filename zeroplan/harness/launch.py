@@ -137,7 +137,7 @@ def out_dir_lock(out_dir: Path, node_rank: int) -> Iterator[None]:
     records with the first's (the nodes of one launch share a directory: each has its own lock)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f".measure-node{node_rank}.lock"
-    with open(path, "w") as handle:
+    with _open_lock(path) as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -154,6 +154,31 @@ def out_dir_lock(out_dir: Path, node_rank: int) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 path.unlink()
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _open_lock(path: Path):  # type: ignore[no-untyped-def]
+    """The lock file at ``path`` opened for writing, made if missing; never through a link, and
+    only a regular file: open(path, "w") follows a link and truncates its target (then takes the
+    pid), and blocks on a FIFO until someone reads it. O_NOFOLLOW refuses a link (ELOOP),
+    O_NONBLOCK keeps a FIFO from blocking; whatever opens is checked to be a regular file before
+    anything is written (zeroplan/atomic.py guards every other write the same way)."""
+    import stat
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except OSError as error:
+        mode = os.lstat(path).st_mode if os.path.lexists(path) else 0
+        what = "a link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else error.strerror or str(error)
+        raise ZeroplanError("--out", f"cannot take the lock {str(path)!r}: {what} (allowed: a regular file or none "
+                                     "at that name; remove it)") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise ZeroplanError("--out", f"cannot take the lock {str(path)!r}: not a regular file (allowed: a regular "
+                                     "file or none at that name; remove it)")
+    os.set_blocking(descriptor, True)
+    os.ftruncate(descriptor, 0)
+    return os.fdopen(descriptor, "w")
 
 
 def _file_identity(path: Path) -> tuple[int, int, int] | None:

@@ -365,6 +365,10 @@ def _bert_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     if config.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_python"):
         raise ZeroplanError("config.hidden_act", f"{config['hidden_act']!r} is not modelled for bert (allowed: gelu)")
     architectures = config.get("architectures") or [BERT_MASKED_LM]
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        # A number there was a TypeError (`in` on an int; join of a non-string item).
+        raise ZeroplanError("config.architectures", f"{architectures!r} is not a list of class names (allowed: a JSON "
+                                                    f"array of strings such as [\"{BERT_MASKED_LM}\"], or null)")
     caveat = "" if BERT_MASKED_LM in architectures else (
         f"counted as {BERT_MASKED_LM} (masked-LM head, no pooler); {', '.join(architectures)} has other heads")
     return strict_model_spec(
@@ -490,7 +494,7 @@ def _moe_spec(name: str, config: dict[str, Any]) -> ModelSpec:
             shared_expert_ffn_hidden_size=config.get("shared_expert_intermediate_size", 5632) if qwen2 else 0,
             shared_expert_gate=qwen2,
             moe_layer_interval=config.get("decoder_sparse_step", 1),
-            dense_layers=tuple(config.get("mlp_only_layers") or ()),
+            dense_layers=_block_indices(config, "mlp_only_layers"),
         )
     if config.get("moe_layer_freq", 1) != 1:
         # transformers 4.56 DeepseekV2DecoderLayer makes every block from first_k_dense_replace on
@@ -655,6 +659,19 @@ def _gptq_fields(quant: dict[str, Any]) -> dict[str, Any]:
     if quant.get("desc_act"):
         raise ZeroplanError("config.quantization_config", "gptq desc_act true is not modelled (allowed: false)")
     return {"quantize": "gptq-int4", "gptq_group_size": group}
+
+
+def _block_indices(config: dict[str, Any], key: str) -> tuple:
+    """A config list of block indices (Qwen's mlp_only_layers), as a tuple whose items the strict
+    model spec checks; anything but a JSON array (or null) is refused naming the key (an integer
+    there was a TypeError from tuple())."""
+    value = config.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ZeroplanError(f"config.{key}", f"{value!r} is not a list of block indices (allowed: a JSON array such "
+                                             "as [] or [0, 1], or null)")
+    return tuple(value)
 
 
 def read_config_quantization(path: Path) -> dict[str, Any] | None:

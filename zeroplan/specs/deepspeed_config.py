@@ -163,6 +163,10 @@ def read_deepspeed_json(path: str | Path) -> dict[str, Any]:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise ZeroplanError(FLAG, f"{str(path)!r} is not JSON ({error})") from None
+    except RecursionError:
+        # The decoder recurses once per nested array or object; a DeepSpeed config nests a few.
+        raise ZeroplanError(FLAG, f"{str(path)!r} nests arrays or objects more deeply than the JSON decoder reads "
+                                  "(allowed: about 1,000 levels; a DeepSpeed config nests a few)") from None
     if not isinstance(config, dict):
         raise ZeroplanError(FLAG, f"{str(path)!r} holds a JSON {type(config).__name__}, not an object")
     return config

@@ -195,8 +195,18 @@ class ClusterSpec(Frozen):
     @model_validator(mode="after")
     def _check_context(self) -> "ClusterSpec":
         if self.cuda_context_bytes >= self.gpu.memory_bytes:
-            raise ZeroplanError("cluster.cuda_context_bytes", "must be smaller than the GPU memory")
+            raise ZeroplanError("cluster.cuda_context_bytes", f"must be smaller than the GPU memory (a context of "
+                                                              f"{self.cuda_context_bytes / 2**20:g} MiB on "
+                                                              f"{self.gpu.memory_bytes / 2**20:g} MiB; allowed: a "
+                                                              "context below the GPU's memory)")
         return self
+
+
+def _divisors(count: int, shown: int = 8) -> str:
+    """The first ``shown`` divisors of ``count`` (GPUs per node or nodes that lay it out), in words."""
+    divisors = [d for d in range(1, min(count, 4096) + 1) if count % d == 0][:shown + 1]
+    more = len(divisors) > shown
+    return ", ".join(map(str, divisors[:shown])) + (", ..." if more else "")
 
 
 def cluster_from_gpus(
@@ -211,13 +221,20 @@ def cluster_from_gpus(
         raise ZeroplanError("nodes", f"must be a positive integer, got {num_nodes}")
     if num_nodes is not None and gpus_per_node is None:
         if num_gpus % num_nodes:
-            raise ZeroplanError("nodes", f"{num_gpus} GPUs do not divide into {num_nodes} nodes")
+            raise ZeroplanError("nodes", f"{num_gpus} GPUs do not divide into {num_nodes} nodes "
+                                         f"(allowed: {_divisors(num_gpus)})")
         gpus_per_node = num_gpus // num_nodes
+    defaulted = gpus_per_node is None
     if gpus_per_node is None:
         gpus_per_node = min(num_gpus, 8)
     if num_gpus % gpus_per_node:
+        if defaulted:
+            # Neither the GPUs per node nor the nodes were given: nodes of 8 were assumed.
+            raise ZeroplanError("gpus", f"{num_gpus} GPUs do not fill nodes of 8, the default GPUs per node "
+                                        f"(allowed: a multiple of 8, or gpus_per_node or nodes of {_divisors(num_gpus)})")
         raise ZeroplanError(
-            "gpus_per_node", f"{num_gpus} GPUs do not divide into nodes of {gpus_per_node}"
+            "gpus_per_node", f"{num_gpus} GPUs do not divide into nodes of {gpus_per_node} "
+                             f"(allowed: {_divisors(num_gpus)})"
         )
     nodes = num_gpus // gpus_per_node
     if num_nodes is not None and num_nodes != nodes:

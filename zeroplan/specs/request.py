@@ -104,6 +104,37 @@ def check_paged_optimizer(training: TrainingSpec, kind: StrategyKind) -> None:
                             "steps them on the host already (allowed: a strategy that keeps the optimizer on the GPU)")
 
 
+# DeepSpeed's optimizer offload steps a CPU optimizer of its own: deepspeed 0.19.8
+# runtime/engine.py _configure_optimizer (lines 2341-2346) raises ZeRORuntimeException for a client
+# optimizer that is not DeepSpeedCPUAdam or DeepSpeedCPULion under offload_optimizer (unless the
+# config sets zero_force_ds_cpu_optimizer false), and a config's optimizer block names DeepSpeed's
+# or torch.optim's (_configure_basic_optimizer), never bitsandbytes' 8-bit Adam. hf's Trainer
+# prepares DeepSpeed through accelerate 1.10.1, whose accelerator.py (lines 2270-2280) replaces the
+# client optimizer under offload_optimizer by map_pytorch_optim_to_deepspeed (utils/deepspeed.py
+# lines 29-96): DeepSpeedCPUAdam for every optimizer but Adagrad and bitsandbytes' 32-bit Lion, so
+# SGD, Adafactor or 8-bit Adam run as Adam with two fp32 states a parameter on the host.
+OFFLOAD_STEPPED_AS_CPU_ADAM = (Optimizer.sgd, Optimizer.sgd_momentum, Optimizer.adafactor, Optimizer.adam_8bit)
+"""Optimizers accelerate replaces by DeepSpeedCPUAdam under DeepSpeed's optimizer offload (hf)."""
+
+
+def check_offloaded_optimizer(training: TrainingSpec, kind: StrategyKind) -> None:
+    """An optimizer DeepSpeed's optimizer offload does not step as asked is refused: bitsandbytes'
+    8-bit Adam everywhere (DeepSpeed's engine refuses it), and under hf every optimizer accelerate
+    replaces by DeepSpeed's CPU Adam (its states are Adam's, not the ones asked for)."""
+    if not kind.offloads_optimizer:
+        return
+    optimizer = training.optimizer
+    if training.framework is Framework.hf and optimizer in OFFLOAD_STEPPED_AS_CPU_ADAM:
+        raise ZeroplanError("training.optimizer", f"{optimizer.value} under {kind.value}: accelerate steps DeepSpeed's "
+                                                  "CPU Adam in its place, with Adam's states (allowed: adamw, adam, lion; "
+                                                  "or a strategy that keeps the optimizer on the GPU)")
+    if optimizer is Optimizer.adam_8bit:
+        raise ZeroplanError("training.optimizer", f"adam-8bit under {kind.value}: DeepSpeed's optimizer offload steps "
+                                                  "its own CPU optimizer and refuses bitsandbytes' (allowed: adamw, adam, "
+                                                  "lion, sgd, sgd-momentum, adafactor; or a strategy that keeps the "
+                                                  "optimizer on the GPU)")
+
+
 def check_partial_offload(request: "PlanRequest") -> None:
     """ZeRO-Offload++'s ratio steps a GPU AdamW beside a CPU Adam: deepspeed 0.19.8
     runtime/zero/stage3.py:313-316 asserts DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports
@@ -902,6 +933,7 @@ class PlanRequest(Frozen):
     @model_validator(mode="after")
     def _check_groups(self) -> "PlanRequest":
         check_paged_optimizer(self.training, self.strategy.kind)
+        check_offloaded_optimizer(self.training, self.strategy.kind)
         check_seq_len(self.model, self.batch)
         check_attention_kernel(self.model, self.training)
         if self.model.moe_capacity_factor is not None and self.training.framework is Framework.torchtitan:

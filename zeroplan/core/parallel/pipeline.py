@@ -105,6 +105,16 @@ def request_rank_stages(request: PlanRequest, rank: int) -> tuple[Stage, ...]:
                   has_embedding=share.has_embedding, has_head=share.has_head),)
 
 
+# accelerate's split may leave a GPU no module (device_map_records: blocks_per_gpu with zeros, a
+# balanced budget too small for the largest module, or sequential filling the first GPUs):
+# transformers' forward never moves a tensor onto it, so its step allocates nothing there.
+def device_map_gpu_is_empty(request: PlanRequest) -> bool:
+    """Under a device map, whether the split gives the request's GPU no module at all."""
+    parallel = request.parallel
+    return (parallel.device_map is not None and parallel.pp > 1
+            and device_shares(request)[parallel.pipeline_rank].weight_bytes == 0)
+
+
 # Micro-batch chunks (one micro-batch through one of the rank's stages) whose saved activations
 # are alive at the rank's peak, as torch 2.13's schedules (distributed/pipelining/schedules.py)
 # run them: each rule is the one the schedule records of benchmarks/pipeline-records/schedule
