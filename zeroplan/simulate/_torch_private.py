@@ -104,12 +104,19 @@ class StorageIdentities:
         # An UntypedStorage's Python object lives as long as its StorageImpl (PyObject
         # preservation: c10/core/StorageImpl.h pyobj_slot_): the weak reference dies with the storage.
         storage = tensor.untyped_storage()
-        address = storage._cdata
+        return self._identity(storage, storage._cdata)
+
+    def of_object(self, tensor: torch.Tensor) -> int:
+        """The same for ``tensor`` itself: a wrapper subclass without a storage of its own
+        (torchao's NF4Tensor) is its own identity."""
+        return self._identity(tensor, id(tensor))
+
+    def _identity(self, thing: object, address: int) -> int:
         entry = self._by_address.get(address)
-        if entry is not None and entry[1]() is storage:
+        if entry is not None and entry[1]() is thing:
             return entry[0]
         identity, self._given = self._given, self._given + 1
-        self._by_address[address] = (identity, weakref.ref(storage))
+        self._by_address[address] = (identity, weakref.ref(thing))
         return identity
 
 
