@@ -87,3 +87,25 @@ def test_the_last_block_hook_counts_every_storage_it_sees_saved() -> None:
     assert len(saves) == 1 + 2 * BRANCHES
     assert len(set(saves)) < len(saves), "no address was reused: the test shows nothing"
     assert len(hook.tensors()) == len(saves)
+
+
+def test_the_harness_counts_a_saved_storage_at_a_freed_ones_address() -> None:
+    # Real CPU tensors: the data of a product saved into a dropped branch is freed and the next
+    # product of the same size is usually given the same address (data_ptr).
+    from zeroplan.harness.engine import ModelStateTensors
+    from zeroplan.harness.memory import SavedActivations
+
+    saved = SavedActivations(ModelStateTensors())
+    x = torch.ones(256, requires_grad=True)
+    addresses = []
+    with saved.hooked():
+        h = x * 1
+        for k in range(BRANCHES):
+            branch = (h * 2).sin()
+            addresses.append(branch.grad_fn._saved_self.data_ptr())
+            del branch
+            other = (h * (k + 3)).cos()
+            addresses.append(other.grad_fn._saved_self.data_ptr())
+    assert len(set(addresses)) < len(addresses), "no address was reused: the test shows nothing"
+    # Each of the 2 x BRANCHES products is a storage of its own, 1 KiB each.
+    assert saved.num_bytes == 2 * BRANCHES * 256 * 4
