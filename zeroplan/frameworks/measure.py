@@ -217,7 +217,10 @@ def _saved_by_last_block(built, side: list[torch.Tensor]):
     dropped); the hooks context; and what marks the freed ones (call it after the forward). Tensors a custom autograd.Function keeps as ctx attributes
     instead of save_for_backward (bitsandbytes' MatMul4Bit ctx.tensors) are not seen."""
     blocks = built.blocks
-    owned = {_storage(t) for t in [*built.module.parameters(), *built.module.buffers(), *side]}
+    # Identities never given twice: a storage saved into a graph branch the forward drops is
+    # freed, and its address may pass to a storage saved after it, which is not the same one.
+    identities = private.StorageIdentities()
+    owned = {_storage(identities, t) for t in [*built.module.parameters(), *built.module.buffers(), *side]}
     done = [0]
     seen: set[int] = set()
     saved: list[str] = []
@@ -227,7 +230,7 @@ def _saved_by_last_block(built, side: list[torch.Tensor]):
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         if done[0] == len(blocks) - 1:
-            key = _storage(tensor)
+            key = _storage(identities, tensor)
             mark = " (parameter)" if key in owned else (" (again)" if key in seen else "")
             seen.add(key)
             saved.append(f"{list(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')} {_storage_bytes(tensor)}{mark}")
@@ -243,12 +246,12 @@ def _saved_by_last_block(built, side: list[torch.Tensor]):
     return saved, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), settle
 
 
-def _storage(tensor: torch.Tensor) -> int:
+def _storage(identities: private.StorageIdentities, tensor: torch.Tensor) -> int:
     """The storage's identity; a wrapper subclass without storage (torchao's NF4Tensor) is its own."""
     try:
-        return private.storage_key(tensor)
+        return identities(tensor)
     except (RuntimeError, NotImplementedError, TypeError):
-        return id(tensor)
+        return identities.of_object(tensor)
 
 
 def _storage_bytes(tensor: torch.Tensor) -> int:

@@ -398,6 +398,9 @@ class _SavedInLastBlock:
         self.stack: list[str] = []
         self.inside = False
         self.found: dict[int, SavedTensor] = {}
+        # A storage saved into a graph branch the forward drops is freed during the block, and
+        # its address (storage_key) may pass to a storage saved later: identities never reused.
+        self.identity = private.StorageIdentities()
         self.model = model
         for name, submodule in block.named_modules():
             name = name.replace("_checkpoint_wrapped_module.", "").replace("_checkpoint_wrapped_module", "")
@@ -417,10 +420,10 @@ class _SavedInLastBlock:
         # local tensor.
         tensor = private.dtensor_local_storage(saved)
         if self.stack and isinstance(tensor, torch.Tensor):
-            key = private.storage_key(tensor)
+            key = self.identity(tensor)
             # The parameters as the module holds them now: FSDP2 swaps in its unsharded ones
             # for the forward.
-            params = {private.storage_key(private.dtensor_local_storage(p)) for p in self.model.parameters()}
+            params = {self.identity(private.dtensor_local_storage(p)) for p in self.model.parameters()}
             if key not in params and key not in self.found:
                 self.found[key] = SavedTensor(module=self.stack[-1], shape=list(tensor.shape), dtype=str(tensor.dtype),
                                               nbytes=tensor.untyped_storage().nbytes())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -51,7 +52,12 @@ class SavedActivations:
         # Gathered parameters (ZeRO-3 refills a unit's buffer before use) are the module's
         # parameters at the time autograd saves them, not activations: look them up then.
         self._module = module
-        self._seen: dict[int, int] = {}
+        self._seen: dict[tuple[int, int], int] = {}
+        # The storage last seen at each address, weakly: a storage freed while the forward runs
+        # (saved into a graph branch the forward drops) gives its address to the next one made,
+        # which is another storage, not the same one seen again.
+        self._at_address: dict[int, tuple[int, weakref.ref]] = {}
+        self._storages = 0
         self._earlier: list[int] = []
         """Totals of the micro-batches before the current one (start_micro_batch)."""
 
@@ -75,6 +81,18 @@ class SavedActivations:
         """The largest micro-batch's saved bytes (the only one without start_micro_batch)."""
         return max([*self._earlier, sum(self._seen.values())])
 
+    def _key(self, storage: torch.UntypedStorage) -> tuple[int, int]:
+        """The address, and which of the storages seen there: aliases of live memory (a view,
+        another storage over the same block) share it, a storage that took a freed one's address
+        does not."""
+        address = storage.data_ptr()
+        entry = self._at_address.get(address)
+        if entry is None or entry[1]() is None:
+            entry = (self._storages, weakref.ref(storage))
+            self._storages += 1
+            self._at_address[address] = entry
+        return address, entry[0]
+
     def start_micro_batch(self) -> None:
         """Count what follows as another micro-batch. A pipeline schedule runs a step's
         micro-batches in one call, their forwards and backwards interleaved (1F1B): a storage
@@ -92,7 +110,7 @@ class SavedActivations:
             for inner in _plain_tensors(tensor):
                 storage = inner.untyped_storage()
                 if not self._is_parameter_storage(storage.data_ptr()):
-                    self._seen[storage.data_ptr()] = storage.nbytes()
+                    self._seen[self._key(storage)] = storage.nbytes()
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -10,6 +10,7 @@ pieces live in private modules (``torch._subclasses``, ``torch.testing._internal
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -80,8 +81,43 @@ def fake_store() -> FakeStore:
 
 
 def storage_key(tensor: torch.Tensor) -> int:
-    """An identity for the storage under ``tensor`` (fake storages have no data pointer)."""
+    """An identity for the storage under ``tensor`` (fake storages have no data pointer), valid
+    while that storage lives: ``_cdata`` is the StorageImpl's address, which a storage made
+    after this one is freed may be given. Storages that may be freed between two calls need
+    ``StorageIdentities``."""
     return tensor.untyped_storage()._cdata
+
+
+class StorageIdentities:
+    """Identities of storages seen over time, none given twice: the storage under a tensor gets
+    the same number for as long as it lives, and a storage that takes a freed one's address
+    (``_cdata``) gets a new number. A weak reference, not a strong one, tells a live storage
+    from its successor: a strong one would keep the storage, and the live bytes a MemTracker
+    counts (by the weak references it holds on storages, torch/distributed/_tools/mem_tracker.py
+    _WeakRefInfo), alive."""
+
+    def __init__(self) -> None:
+        self._by_address: dict[int, tuple[int, weakref.ref]] = {}
+        self._given = 0
+
+    def __call__(self, tensor: torch.Tensor) -> int:
+        # An UntypedStorage's Python object lives as long as its StorageImpl (PyObject
+        # preservation: c10/core/StorageImpl.h pyobj_slot_): the weak reference dies with the storage.
+        storage = tensor.untyped_storage()
+        return self._identity(storage, storage._cdata)
+
+    def of_object(self, tensor: torch.Tensor) -> int:
+        """The same for ``tensor`` itself: a wrapper subclass without a storage of its own
+        (torchao's NF4Tensor) is its own identity."""
+        return self._identity(tensor, id(tensor))
+
+    def _identity(self, thing: object, address: int) -> int:
+        entry = self._by_address.get(address)
+        if entry is not None and entry[1]() is thing:
+            return entry[0]
+        identity, self._given = self._given, self._given + 1
+        self._by_address[address] = (identity, weakref.ref(thing))
+        return identity
 
 
 @contextlib.contextmanager

@@ -200,6 +200,9 @@ class _SavedStorages:
 
     def __init__(self) -> None:
         self._bytes_by_storage: dict[int, int] = {}
+        # A storage saved into a graph branch the forward drops is freed while hooked, and its
+        # address may pass to a storage saved after it: identities never given twice.
+        self._identities = private.StorageIdentities()
 
     @property
     def num_bytes(self) -> int | None:
@@ -210,7 +213,7 @@ class _SavedStorages:
     def hooked(self) -> contextlib.AbstractContextManager:
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             if not isinstance(tensor, nn.Parameter):
-                self._bytes_by_storage[private.storage_key(tensor)] = tensor.untyped_storage().nbytes()
+                self._bytes_by_storage[self._identities(tensor)] = tensor.untyped_storage().nbytes()
             return tensor
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
