@@ -132,3 +132,26 @@ def test_help_groups_the_options_each_with_a_line(zeroplan_cli, command: str) ->
         if command == "plan" and title == "allocator":
             continue
         assert f" {title}: {description} " in " ".join(out.split())  # argparse wraps the line
+
+
+@pytest.mark.parametrize("gpus", [8, 1048576])
+def test_the_reason_names_the_rule_that_decides_against_each_strategy_that_fits(gpus: int) -> None:
+    """On 2^20 GPUs zero2 wins over zero3 on bytes sent and over zero1 on peak: naming the
+    runner-up's rule alone said "lowest peak" where zero3's peak is lower than zero2's."""
+    from zeroplan.core.plan import recommendation_key
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.report.summary import _RULE_WORDS, recommendation_reason
+    from zeroplan.specs import PlanRequest, StrategySpec, cluster_from_gpus
+
+    request = PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus),
+                          strategy=StrategySpec(kind="zero3"))
+    report = fit(request, largest_micro_batch=False, timed=False)
+    fitting = sorted((p for p in report.plans if p.fits and p.host_fits is not False), key=recommendation_key)
+    assert len(fitting) > 2
+    best = recommendation_key(fitting[0])
+    deciding = {_RULE_WORDS[next(i for i, (a, b) in enumerate(zip(best, recommendation_key(p))) if a != b)]
+                for p in fitting[1:]}
+    words = recommendation_reason(report).split("; ")[0].split(", then ")
+    assert set(words) == deciding and len(words) == len(deciding)
+    assert words == sorted(words, key=_RULE_WORDS.index)

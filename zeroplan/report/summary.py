@@ -91,8 +91,8 @@ def _aligned(rows: Sequence[object], columns: Sequence[Column]) -> list[str]:
     return [line([c.name for c in columns]), line(["-" * w for w in widths]), *(line(r) for r in cells)]
 
 
-# Why the recommended strategy wins, by the first rule of core.plan.recommendation_key on which
-# it beats the next best (docs/memory-model.md, "Recommendation").
+# Why the recommended strategy wins: for each other strategy that fits, the first rule of
+# core.plan.recommendation_key on which it beats that one (docs/memory-model.md, "Recommendation").
 _RULE_WORDS = ("least offload", "least offload", "least sent per step", "nothing to shard on one rank",
                "lowest peak", "simplest")
 
@@ -110,9 +110,14 @@ def recommendation_reason(report: FitReport) -> str:
         return "the one strategy planned"
     if len(fitting) == 1:
         return f"the only one that fits of {len(report.plans)}"
-    best, runner_up = recommendation_key(fitting[0]), recommendation_key(fitting[1])
-    rule = next((i for i, (a, b) in enumerate(zip(best, runner_up)) if a != b), len(_RULE_WORDS) - 1)
-    return f"{_RULE_WORDS[rule]}; {share}"
+    best = recommendation_key(fitting[0])
+    # Every rule that decides against some other fitting strategy, in the ranking's order: the
+    # runner-up alone can name a rule (lowest peak) another loser beats it on (zero3's peak
+    # below zero2's, where zero2 wins on bytes sent).
+    rules = sorted({next((i for i, (a, b) in enumerate(zip(best, recommendation_key(p))) if a != b), len(_RULE_WORDS) - 1)
+                    for p in fitting[1:]})
+    words = list(dict.fromkeys(_RULE_WORDS[rule] for rule in rules))
+    return f"{', then '.join(words)}; {share}"
 
 
 def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
