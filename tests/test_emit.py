@@ -595,3 +595,19 @@ def test_the_emitter_imports_no_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("optimizer", "allowed"), [("sgd", True), ("adafactor", True), ("adam-8bit", True),
+                                                    ("adamw", None)])
+def test_deepspeed_json_allows_the_planned_optimizer_zero_has_not_tested(optimizer: str, allowed, tmp_path: Path) -> None:
+    """Under ZeRO without an optimizer block the script's optimizer runs, and DeepSpeed asserts
+    on one outside its ZERO_SUPPORTED_OPTIMIZERS unless the file sets zero_allow_untested_optimizer."""
+    run = planned("llama-3.1-8b", "--gpus", "8", "--strategies", "zero2", "--optimizer", optimizer, "--flat-reserve")
+    from zeroplan.emit.formats import deepspeed_config
+
+    config = deepspeed_config(run.request)
+    assert config.get("zero_allow_untested_optimizer") is allowed
+    path = tmp_path / "deepspeed.json"
+    path.write_text(json.dumps(config))
+    parsed = deepspeed_parsed(path)
+    assert parsed.zero_allow_untested_optimizer is bool(allowed)

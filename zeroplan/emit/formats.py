@@ -244,6 +244,13 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
             raise NotApplicable(f"its offload_optimizer block would name DeepSpeed's CPU AdamW, not the planned "
                                 f"{training.optimizer.value}")
         config["optimizer"] = {"type": "AdamW", "params": {}}
+    elif training.optimizer not in (Optimizer.adamw, Optimizer.adam):
+        # Without an optimizer block the script's own optimizer runs, and under ZeRO DeepSpeed
+        # asserts on one outside ZERO_SUPPORTED_OPTIMIZERS (torch's Adam/AdamW, its fused and
+        # CPU ones, Adagrad, Lion's fused: runtime/zero/utils.py) unless the file allows it
+        # (runtime/engine.py _do_optimizer_sanity_check, 0.19.8 lines 2294-2301); HF's Trainer
+        # sets the key itself, other scripts read it from this file.
+        config["zero_allow_untested_optimizer"] = True
     return config
 
 
