@@ -563,6 +563,16 @@ def test_plan_emit_runs_what_the_search_planned_of_a_torchtune_configuration(tmp
     assert "--no-optimizer-in-backward" in line and "--no-paged-optimizer" in line
 
 
+def test_plan_json_carries_the_configuration_note(capsys) -> None:
+    assert main(["plan", "llama-3.1-8b", "--gpus", "1", "--gpu", "a100-80gb", "--global-batch", "8",
+                 "--framework", "torchtune", "--format", "json"]) == 0
+    note = json.loads(capsys.readouterr().out)["configuration_note"]
+    assert note.startswith("note: planned as torchtune's llama3_1/8B_full_single_device config") and "\n" not in note
+    assert main(["plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16",
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["configuration_note"] == ""
+
+
 def test_plan_searches_the_cpu_offload_of_a_torchtune_configuration(capsys) -> None:
     """torchtune's strategies are all FSDP, so its llama3_1/70B_full configuration's CPU offload
     applies to every row searched: planned on as fit plans it (held off, nothing fitted on 8 x

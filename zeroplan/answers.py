@@ -130,6 +130,10 @@ class PlanSearchResult(Frozen):
     HFU, --hfu as given or a calibrated efficiency file, and the error band measured for it
     (zeroplan.calibrate.basis.time_basis_line; the line the text view prints under its table).
     Filled by the command line; '' from the Python API, where time_basis_line gives it."""
+    configuration_note: str = ""
+    """The framework configuration whose settings the rows plan and those the search plans off
+    (the note line under the text view's table, zeroplan.cli.plan.configuration_note); filled by
+    the command line, '' where the configuration sets none or from the Python API."""
 
     def to_dataframe(self):
         from zeroplan.frames import search_frame

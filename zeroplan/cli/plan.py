@@ -127,7 +127,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.format == "json":
         from zeroplan.cli.efficiency import time_basis_text
 
-        shown = result.model_copy(update={"step_time_basis": time_basis_text(args, base)})
+        shown = result.model_copy(update={"step_time_basis": time_basis_text(args, base),
+                                          "configuration_note": configuration_note(base, args.search_held_off, width=None)})
         sys.stdout.write(shown.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
         sys.stdout.write(result.to_dataframe().to_csv())
@@ -175,13 +176,10 @@ def configuration_settings_held_off(base: PlanRequest) -> tuple[str, ...]:
                  if settings.get(field, off) != off and getattr(base.training, field) == off)
 
 
-def configuration_note(base: PlanRequest, held_off: tuple[str, ...]) -> str:
+def configuration_note(base: PlanRequest, held_off: tuple[str, ...], width: int | None = 0) -> str:
     """One line naming the framework configuration whose settings the search planned (as fit's
-    header does) and those it planned off, and why; '' where the configuration sets none."""
-    import textwrap
-
-    from zeroplan.cli.parser import screen_width
-
+    header does) and those it planned off, and why; '' where the configuration sets none.
+    Wrapped to ``width`` (0: the screen's; None: one unwrapped line, as the JSON carries it)."""
     found = recipe_launch_settings(base.model.name, base.training, base.cluster.world_size)
     if found is None:
         return ""
@@ -198,4 +196,10 @@ def configuration_note(base: PlanRequest, held_off: tuple[str, ...]) -> str:
     if held_off:
         text += (f"; its {', '.join(setting_words(field, True) for field in held_off)} planned off, as the search "
                  f"varies gradient accumulation and strategy (--emit writes them off)")
-    return textwrap.fill(text + ".", screen_width())
+    if width is None:
+        return text + "."
+    import textwrap
+
+    from zeroplan.cli.parser import screen_width
+
+    return textwrap.fill(text + ".", width or screen_width())
