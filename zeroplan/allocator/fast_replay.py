@@ -19,8 +19,8 @@ segments, no garbage collection), with the same result:
   reports (_last_allocation_end).
 
 Expandable segments without garbage collection (torchtitan's launch default) replay in a loop of
-their own on DeviceAllocator's blocks and pools (_replay_expandable: malloc's and free's steps and
-the pages' mapping inline, a new segment and a refused device allocation DeviceAllocator's). Every
+their own on DeviceAllocator's blocks and pools (_replay_expandable: malloc's and free's steps
+inline, a cache miss's mapping of pages and a refused device allocation DeviceAllocator's). Every
 other setting goes through replay.replay, which stays the oracle
 (MemoryAssumptions.exact_allocator); benchmarks/allocator_fast_sweep.py compares the two.
 
@@ -48,7 +48,7 @@ from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.device import ADDRESS_ALIGN_BYTES, DeviceAllocator, _expandable_size
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, Ops, ReplayResult, replay, run_ops
 from zeroplan.allocator.rules import MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, allocation_size, block_may_serve, round_size
-from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block, Pool
+from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block
 
 
 MAX_MISSES = 2
@@ -119,15 +119,21 @@ def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = N
                 continue
             misses += 1
         start, before = end, after
-    result = ReplayResult.trusted(
+    result = _result(device, ops, oom)
+    _unlink(device, live, cached, handed_over)
+    return result
+
+
+def _result(device: DeviceAllocator, ops: Ops, oom: int | None) -> ReplayResult:
+    """What replay.replay reports of ``ops`` once ``device`` has run them (to ``oom``, the
+    request that ran out, where one did)."""
+    return ReplayResult.trusted(
         completed=oom is None, oom_event_index=oom, oom_request_bytes=None if oom is None else ops[oom][2],
         requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
         reserved_peak_bytes=device.reserved_peak, device_alloc_calls=device.device_allocs,
         device_free_calls=device.device_frees, alloc_retries=device.retries, device_refusals=device.refusals,
         events_replayed=len(ops) if oom is None else oom,
     )
-    _unlink(device, live, cached, handed_over)
-    return result
 
 
 def _last_allocation_end(ops: Ops) -> int:
@@ -149,10 +155,11 @@ def _unlink(device: DeviceAllocator, live: dict, cached: tuple[list[FastBlock], 
     blocks waited for Python's cyclic collector (~4 % of a default fit's time went to its
     collections); unlinked, they go with the replay. Every block is allocated (``live``) or
     cached (``cached``; once DeviceAllocator took over, ``blocks_made``, the pools' Blocks, or
-    waiting on an event: pending)."""
+    waiting on an event: pending; under expandable segments also a segment's unmapped pages)."""
     if blocks_made:
-        for blocks in (live.values(), device.small_pool.by_key.values(), device.large_pool.by_key.values(),
-                       device.pending):
+        small, large = device.small_pool, device.large_pool
+        for blocks in (live.values(), small.by_key.values(), large.by_key.values(), small.unmapped.values(),
+                       large.unmapped.values(), device.pending):
             for block in blocks:
                 block.prev = block.next = None
         return
@@ -526,7 +533,8 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
 # Expandable segments (torchtitan's launch default) keep DeviceAllocator's own Blocks and pools:
 # a cache miss maps pages into the stream's segment (_alloc_new_block, find_expandable_block,
 # map_block, and the release of the cache and the retry where the device refuses), which this
-# loop leaves to DeviceAllocator. What it runs itself is what every other event is: malloc's
+# loop leaves to DeviceAllocator's methods (inlined too they saved under 1 % of a torchtitan
+# fit's instructions, not worth a second copy of the mapping). What it runs itself is what every other event is: malloc's
 # get_free_block and alloc_found_block and free's free_block with try_merge_blocks, the same
 # steps in the same order on the same objects (device.py's methods, marked where each is
 # inlined), without two to four method calls an event. Without garbage collection no block's age
@@ -538,22 +546,8 @@ def _replay_expandable(ops: Ops, config: AllocatorConfig, capacity_bytes: int | 
     device = DeviceAllocator(config, capacity_bytes)
     live: dict[int, Block] = {}
     oom = _run_expandable(device, ops, _last_allocation_end(ops), live)
-    result = ReplayResult.trusted(
-        completed=oom is None, oom_event_index=oom, oom_request_bytes=None if oom is None else ops[oom][2],
-        requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
-        reserved_peak_bytes=device.reserved_peak, device_alloc_calls=device.device_allocs,
-        device_free_calls=device.device_frees, alloc_retries=device.retries, device_refusals=device.refusals,
-        events_replayed=len(ops) if oom is None else oom,
-    )
-    # The blocks' links are cycles (prev, next): broken here, they go with the replay
-    # (_unlink's reason).
-    for pool in (device.small_pool, device.large_pool):
-        for blocks in (pool.by_key.values(), pool.unmapped.values()):
-            for block in blocks:
-                block.prev = block.next = None
-    for blocks in (live.values(), device.pending):
-        for block in blocks:
-            block.prev = block.next = None
+    result = _result(device, ops, oom)
+    _unlink(device, live, ((), ()), True)
     return result
 
 
@@ -603,8 +597,8 @@ def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int,
                     del keys[at]
             if block is None:
                 # _alloc_new_block: alloc_block (no fraction cap, no garbage collection: pages
-                # mapped at once), else what DeviceAllocator does after a refusal.
-                block = _allocate_expandable(device, pool, stream, size) or (
+                # mapped at once, DeviceAllocator's own), else what it does after a refusal.
+                block = device._try_allocate_expandable_block(pool, stream, size) or (
                     (device._release_available_cached_blocks(pool, stream, size)
                      and device._alloc_block(pool, stream, size, allocation_size(size), retry=False))
                     or (device._release_cached_blocks()
@@ -696,116 +690,3 @@ def _run_expandable(device: DeviceAllocator, ops: Ops, end: int, live: dict[int,
     device.allocated, device.requested = allocated, requested
     device.allocated_peak, device.requested_peak = allocated_peak, requested_peak
     return oom
-
-
-# DeviceAllocator._try_allocate_expandable_block with find_expandable_block's search and
-# map_block inline (what _alloc_block runs first where neither a fraction cap nor garbage
-# collection is set): the same steps on the same blocks and pools, about a third of an
-# expandable replay's time as method calls. A new segment is DeviceAllocator's.
-def _allocate_expandable(device: DeviceAllocator, pool: Pool, stream: int, size: int) -> Block | None:
-    """device._try_allocate_expandable_block(pool, stream, size)."""
-    # find_expandable_block: the stream's unmapped blocks, lowest address first (Pool.unmapped_of).
-    unmapped_keys, unmapped = pool.unmapped_keys, pool.unmapped
-    candidate = None
-    for at in range(bisect_left(unmapped_keys, (stream, -1)), len(unmapped_keys)):
-        key_stream, ptr = unmapped_keys[at]
-        if key_stream != stream:
-            break
-        found = unmapped[ptr]
-        before = found.prev
-        if before is not None and not before.allocated and not before.event_count and not before.stream_uses:
-            found = before
-        room, walk = 0, found
-        while room < size and walk is not None and not walk.allocated and not walk.event_count and not walk.stream_uses:
-            room += walk.size
-            walk = walk.next
-        if room >= size:
-            candidate = found
-            break
-    if candidate is None:
-        candidate = device._find_expandable_block(pool, stream, size)  # a new segment (the search fails again)
-    if not candidate.mapped and not _map_expandable(device, candidate, min(candidate.size, size), pool):
-        return None
-    while candidate.size < size:
-        following = candidate.next
-        if not _map_expandable(device, following, min(size - candidate.size, following.size), pool):
-            return None
-        candidate = following
-    # Pool.remove.
-    keys = pool.keys
-    key = (candidate.size << SIZE_SHIFT) | candidate.ptr
-    if candidate.stream:
-        key |= candidate.stream << STREAM_SHIFT
-    del keys[bisect_left(keys, key)]
-    del pool.by_key[key]
-    return candidate
-
-
-def _map_expandable(device: DeviceAllocator, block: Block, size: int, pool: Pool) -> bool:
-    """device._map_block(block, size, pool) without a fraction cap, its calls inline."""
-    segment = block.segment
-    page = segment.page
-    offset = block.ptr - segment.base
-    mapped = (-(-(offset + size) // page) - offset // page) * page
-    if mapped == 0:
-        return False
-    # _grants.
-    after_bytes = device.reserved + mapped
-    if after_bytes > device.capacity:
-        device.refusals += 1
-        if after_bytes < device.path_ceiling:
-            device.path_ceiling = after_bytes
-        return False
-    if after_bytes > device.path_floor:
-        device.path_floor = after_bytes
-    # Pool.remove_unmapped.
-    unmapped_keys = pool.unmapped_keys
-    del unmapped_keys[bisect_left(unmapped_keys, (block.stream, block.ptr))]
-    del pool.unmapped[block.ptr]
-    block.mapped = True
-    if mapped < block.size:
-        rest = Block(block.stream, block.size - mapped, block.ptr + mapped, block.small, segment)
-        rest.mapped = False
-        rest.splice(block, block.next)
-        insort(unmapped_keys, (rest.stream, rest.ptr))
-        pool.unmapped[rest.ptr] = rest
-        block.size = mapped
-    keys, by_key = pool.keys, pool.by_key
-    # try_merge_blocks with the block before, then after: only a mapped available one merges.
-    before = block.prev
-    if before is not None and not before.allocated and not before.event_count and not before.stream_uses \
-            and before.mapped:
-        key = (before.size << SIZE_SHIFT) | before.ptr
-        if before.stream:
-            key |= before.stream << STREAM_SHIFT
-        del keys[bisect_left(keys, key)]
-        del by_key[key]
-        block.ptr = before.ptr
-        block.prev = preceding = before.prev
-        if preceding is not None:
-            preceding.next = block
-        block.size += before.size
-    after = block.next
-    if after is not None and not after.allocated and not after.event_count and not after.stream_uses \
-            and after.mapped:
-        key = (after.size << SIZE_SHIFT) | after.ptr
-        if after.stream:
-            key |= after.stream << STREAM_SHIFT
-        del keys[bisect_left(keys, key)]
-        del by_key[key]
-        block.next = following = after.next
-        if following is not None:
-            following.prev = block
-        block.size += after.size
-    # Pool.insert, then _reserve.
-    block.gc_base = pool.gc_calls
-    key = (block.size << SIZE_SHIFT) | block.ptr
-    if block.stream:
-        key |= block.stream << STREAM_SHIFT
-    insort(keys, key)
-    by_key[key] = block
-    device.reserved = reserved = device.reserved + mapped
-    if reserved > device.reserved_peak:
-        device.reserved_peak = reserved
-    device.device_allocs += 1
-    return True
