@@ -792,12 +792,10 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
     )
     check_optimizer_in_backward(training, batch.grad_accum_steps)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
-        world = cluster.world_size
-        small = [d for d in range(1, int(world ** 0.5) + 1) if world % d == 0]
-        divisors = sorted({*small, *(world // d for d in small)})
-        shown = ", ".join(map(str, divisors)) if len(divisors) <= 24 else "a divisor of the GPU count"
+        from zeroplan.specs.hardware import divisor_words
+
         raise ZeroplanError("--hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs "
-                                            f"(allowed: {shown})")
+                                            f"(allowed: {divisor_words(cluster.world_size)})")
     if parallel.ep > 1 and kind.value not in EXPERT_PARALLEL_STRATEGIES:
         # The base request only carries the knobs (fit plans each strategy); under expert
         # parallelism it must be one that runs there.

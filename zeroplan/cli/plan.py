@@ -183,11 +183,11 @@ def configuration_note(base: PlanRequest, held_off: tuple[str, ...], width: int 
     found = recipe_launch_settings(base.model.name, base.training, base.cluster.world_size)
     if found is None:
         return ""
-    config, planned = planned_recipe_settings(base.model.name, base.training, None, base.cluster.world_size)
-    if found[1] and "async_tp" not in base.parallel.model_fields_set:
+    _, async_tp, config = found
+    planned = planned_recipe_settings(base.model.name, base.training, None, base.cluster.world_size)[1]
+    if async_tp and "async_tp" not in base.parallel.model_fields_set:
         # Every layout of tp > 1 the search builds takes the configuration's async TP (ParallelSpec.async_tp).
         planned += (SETTING_WORDS["async_tp"] + " where tp > 1",)
-    config = found[2]
     if not planned and not held_off:
         return ""
     text = f"note: planned as {base.training.framework.value}'s {config} config"

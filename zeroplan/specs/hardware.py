@@ -202,7 +202,7 @@ class ClusterSpec(Frozen):
         return self
 
 
-def _divisors(count: int, shown: int = 8) -> str:
+def divisor_words(count: int, shown: int = 8) -> str:
     """The first ``shown`` divisors of ``count`` (GPUs per node or nodes that lay it out), in words."""
     divisors = [d for d in range(1, min(count, 4096) + 1) if count % d == 0][:shown + 1]
     more = len(divisors) > shown
@@ -222,7 +222,7 @@ def cluster_from_gpus(
     if num_nodes is not None and gpus_per_node is None:
         if num_gpus % num_nodes:
             raise ZeroplanError("nodes", f"{num_gpus} GPUs do not divide into {num_nodes} nodes "
-                                         f"(allowed: {_divisors(num_gpus)})")
+                                         f"(allowed: {divisor_words(num_gpus)})")
         gpus_per_node = num_gpus // num_nodes
     defaulted = gpus_per_node is None
     if gpus_per_node is None:
@@ -231,10 +231,10 @@ def cluster_from_gpus(
         if defaulted:
             # Neither the GPUs per node nor the nodes were given: nodes of 8 were assumed.
             raise ZeroplanError("gpus", f"{num_gpus} GPUs do not fill nodes of 8, the default GPUs per node "
-                                        f"(allowed: a multiple of 8, or gpus_per_node or nodes of {_divisors(num_gpus)})")
+                                        f"(allowed: a multiple of 8, or gpus_per_node or nodes of {divisor_words(num_gpus)})")
         raise ZeroplanError(
             "gpus_per_node", f"{num_gpus} GPUs do not divide into nodes of {gpus_per_node} "
-                             f"(allowed: {_divisors(num_gpus)})"
+                             f"(allowed: {divisor_words(num_gpus)})"
         )
     nodes = num_gpus // gpus_per_node
     if num_nodes is not None and num_nodes != nodes:
