@@ -40,3 +40,11 @@ def unknown_name_error(field: str, name: str, known: Iterable[str], unlisted: st
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     allowed = unlisted if unlisted is not None and len(known_sorted) > LISTED_IN_FULL else ", ".join(known_sorted)
     return ZeroplanError(field, f"unknown {name!r}{hint} (allowed: {allowed})")
+
+
+def nested_too_deeply_error(field: str, path: object, usual: str) -> ZeroplanError:
+    """The error for a JSON file whose nesting passes the decoder's recursion limit (json.loads
+    recurses once per nested array or object, and raises RecursionError past about 1,000
+    levels); ``usual``: how deep the file's kind nests, e.g. 'a GPU file nests two'."""
+    return ZeroplanError(field, f"{str(path)!r} nests arrays or objects more deeply than the JSON decoder reads "
+                                f"(allowed: about 1,000 levels; {usual})")

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from zeroplan.errors import ZeroplanError
+from zeroplan.errors import ZeroplanError, nested_too_deeply_error
 from zeroplan.specs.base import Frozen, first_error
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PerformanceAssumptions, PlanRequest
@@ -396,9 +396,7 @@ def load_efficiency(path: str | Path) -> StepEfficiency:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ZeroplanError("--efficiency", f"cannot read {str(path)!r}: {error}") from None
     except RecursionError:
-        # The decoder recurses once per nested array or object; an efficiency file nests two.
-        raise ZeroplanError("--efficiency", f"{str(path)!r} nests arrays or objects more deeply than the JSON "
-                                            "decoder reads (allowed: about 1,000 levels; an efficiency file nests two)") from None
+        raise nested_too_deeply_error("--efficiency", path, "an efficiency file nests two") from None
     if efficiency.compute_basis != COMPUTE_BASIS:
         raise ZeroplanError("--efficiency", f"{str(path)!r} has compute_basis {efficiency.compute_basis} (its HFU "
                                             f"covers the memory-bound kernels too, which the planner now times apart): "

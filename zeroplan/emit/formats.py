@@ -234,17 +234,18 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
         # read by models that call deepspeed.checkpointing.configure with this file.
         config["activation_checkpointing"] = {"partition_activations": training.partition_activations,
                                               "cpu_checkpointing": training.cpu_checkpointing}
+    adam = training.optimizer in (Optimizer.adamw, Optimizer.adam)
     if kind.offloads_optimizer:
         # ZeRO-Offload steps on the host with DeepSpeedCPUAdam, which DeepSpeed builds from
         # this block (runtime/engine.py _configure_basic_optimizer); lr etc. are the user's.
         # Another planned optimizer is not written as AdamW: that file would step two fp32
         # states a parameter the plan did not count (and fit --deepspeed-config refuses it
         # beside --optimizer lion, sgd or adafactor).
-        if training.optimizer not in (Optimizer.adamw, Optimizer.adam):
+        if not adam:
             raise NotApplicable(f"its offload_optimizer block would name DeepSpeed's CPU AdamW, not the planned "
                                 f"{training.optimizer.value}")
         config["optimizer"] = {"type": "AdamW", "params": {}}
-    elif training.optimizer not in (Optimizer.adamw, Optimizer.adam):
+    elif not adam:
         # Without an optimizer block the script's own optimizer runs, and under ZeRO DeepSpeed
         # asserts on one outside ZERO_SUPPORTED_OPTIMIZERS (torch's Adam/AdamW, its fused and
         # CPU ones, Adagrad, Lion's fused: runtime/zero/utils.py) unless the file allows it

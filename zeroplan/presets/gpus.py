@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from zeroplan.errors import ZeroplanError, unknown_name_error
+from zeroplan.errors import ZeroplanError, nested_too_deeply_error, unknown_name_error
 from zeroplan.specs.base import first_error
 from zeroplan.specs.hardware import AchievedBusBandwidth, GpuArchitecture, GpuSpec, LinkSpec, NodeNetworkSpec
 from zeroplan.units import GB, GiB, MiB
@@ -316,9 +316,7 @@ def load_gpu_file(path: str | Path) -> GpuSpec:
             "gpu", f"{str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
         ) from None
     except RecursionError:
-        # The decoder recurses once per nested array or object.
-        raise ZeroplanError("gpu", f"{str(path)!r} nests arrays or objects more deeply than the JSON decoder reads "
-                                   "(allowed: about 1,000 levels; a GPU file nests two)") from None
+        raise nested_too_deeply_error("gpu", path, "a GPU file nests two") from None
     if not isinstance(data, dict):
         raise ZeroplanError("gpu", f"{str(path)!r} must hold a JSON object with the fields of a GPU")
     try:

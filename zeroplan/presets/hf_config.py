@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from zeroplan.errors import ZeroplanError
+from zeroplan.errors import ZeroplanError, nested_too_deeply_error
 from zeroplan.presets.hf_encoder_decoder import ENCODER_DECODER_NEUTRAL_KEYS, ENCODER_DECODER_READERS
 from zeroplan.presets.hf_families import FAMILY_NEUTRAL_KEYS, FAMILY_READERS
 from zeroplan.presets.hf_fields import require_key, strict_model_spec
@@ -696,8 +696,6 @@ def load_hf_config(path: Path) -> ModelSpec:
     except json.JSONDecodeError as error:
         raise ZeroplanError("model", f"{str(path)!r} is not valid JSON (line {error.lineno}: {error.msg})") from None
     except RecursionError:
-        # The decoder recurses once per nested array or object; a config.json is a few levels deep.
-        raise ZeroplanError("model", f"{str(path)!r} nests arrays or objects more deeply than the JSON "
-                                     "decoder reads (allowed: about 1,000 levels; a config.json nests a few)") from None
+        raise nested_too_deeply_error("model", path, "a config.json nests a few") from None
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return parse_hf_config(config, name=name or "custom")

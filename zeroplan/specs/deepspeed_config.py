@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zeroplan.errors import ZeroplanError
+from zeroplan.errors import ZeroplanError, nested_too_deeply_error
 from zeroplan.specs.base import Frozen
 # DeepSpeed's ZeRO defaults live beside StrategySpec, whose knobs they fill: the core reads them
 # without importing this module's config model (zeroplan.core.deepspeed_coordinator).
@@ -164,9 +164,7 @@ def read_deepspeed_json(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise ZeroplanError(FLAG, f"{str(path)!r} is not JSON ({error})") from None
     except RecursionError:
-        # The decoder recurses once per nested array or object; a DeepSpeed config nests a few.
-        raise ZeroplanError(FLAG, f"{str(path)!r} nests arrays or objects more deeply than the JSON decoder reads "
-                                  "(allowed: about 1,000 levels; a DeepSpeed config nests a few)") from None
+        raise nested_too_deeply_error(FLAG, path, "a DeepSpeed config nests a few") from None
     if not isinstance(config, dict):
         raise ZeroplanError(FLAG, f"{str(path)!r} holds a JSON {type(config).__name__}, not an object")
     return config
